@@ -1,0 +1,65 @@
+"""The gateway ASGI app: routes, error handlers and the resource lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from holdfast_shared.db import create_engine, session_factory
+from holdfast_shared.eventlog import EventLog
+from holdfast_shared.keys import Keys
+from holdfast_shared.redisconn import connect
+from holdfast_shared.settings import Settings
+from holdfast_shared.turnlock import TurnLock
+
+from holdfast_gateway import errors
+from holdfast_gateway.auth import KeyAuthenticator
+from holdfast_gateway.fanout import Hub
+from holdfast_gateway.routes import execute, health, replay
+from holdfast_gateway.state import GatewayState
+
+
+def create_app(settings: Settings) -> FastAPI:
+    redis_url, database_url = settings.require_urls()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = connect(redis_url, max_connections=1000)
+        engine = create_engine(database_url, pool_size=20)
+        sessions = session_factory(engine)
+        keys = Keys(settings.redis_prefix)
+        eventlog = EventLog(
+            redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active
+        )
+        hub = Hub(redis, keys, eventlog)
+        hub.start()
+        app.state.gateway = GatewayState(
+            settings=settings,
+            redis=redis,
+            engine=engine,
+            sessions=sessions,
+            keys=keys,
+            eventlog=eventlog,
+            hub=hub,
+            lock=TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds),
+            auth=KeyAuthenticator(sessions),
+        )
+        try:
+            yield
+        finally:
+            await hub.stop()
+            await redis.aclose()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Holdfast",
+        summary="Durable agent execution engine",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.include_router(execute.router)
+    app.include_router(replay.router)
+    app.include_router(health.router)
+    return app

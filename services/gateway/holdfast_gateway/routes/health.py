@@ -1,0 +1,42 @@
+"""``GET /health``: liveness of the gateway and the servers it depends on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from holdfast_gateway.deps import StateDep
+
+router = APIRouter()
+
+_PROBE_TIMEOUT = 2.0
+
+
+async def _probe(check: Any) -> dict[str, Any]:
+    start = time.perf_counter()
+    try:
+        await asyncio.wait_for(check, _PROBE_TIMEOUT)
+    except Exception as exc:
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"status": "ok", "latency_ms": round((time.perf_counter() - start) * 1000, 2)}
+
+
+@router.get("/health", summary="Health of the gateway, Redis and PostgreSQL (no key needed)")
+async def health(state: StateDep) -> JSONResponse:
+    async def pg() -> None:
+        async with state.sessions() as session:
+            await session.execute(text("SELECT 1"))
+
+    redis, postgres = await asyncio.gather(_probe(state.redis.ping()), _probe(pg()))
+    ok = redis["status"] == "ok" and postgres["status"] == "ok"
+    body = {
+        "status": "ok" if ok else "degraded",
+        "uptime_seconds": round(time.monotonic() - state.started_at, 3),
+        "subsystems": {"redis": redis, "postgres": postgres, "fanout": state.hub.stats},
+    }
+    return JSONResponse(body, status_code=200 if ok else 503)

@@ -1,0 +1,125 @@
+"""From the event log and the hub to SSE frames.
+
+Every logged event is sent as ``event: <type>``, ``id: <seq>``,
+``data: <json>``; heartbeats carry no id (they are not part of the log).
+A stream delivers each seq after its cursor exactly once and in order: live
+batches are de-duplicated against what was sent, and any gap (a catch-up
+that ended early, a slow client that overflowed its queue) is filled from
+the log before going on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterable
+
+from holdfast_shared.eventlog import EventLog, LoggedEvent
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from holdfast_gateway.fanout import Hub
+
+
+def frame(event: LoggedEvent) -> str:
+    return f"event: {event.type}\r\nid: {event.seq}\r\ndata: {event.data}\r\n\r\n"
+
+
+class _Progress:
+    """What one stream has sent so far and whether it is finished."""
+
+    def __init__(self, after_seq: int, stop_turn: str | None) -> None:
+        self.last = after_seq
+        self.done = False
+        self._terminal_marker = (
+            f'"turn_id":"{stop_turn}"' if stop_turn is not None else None
+        )
+
+    def take(self, events: Iterable[LoggedEvent]) -> str:
+        """Frames for the events not sent yet, stopping after the terminal one."""
+        out: list[str] = []
+        for event in events:
+            if event.seq <= self.last:
+                continue
+            out.append(frame(event))
+            self.last = event.seq
+            if self._is_end(event):
+                self.done = True
+                break
+        return "".join(out)
+
+    def _is_end(self, event: LoggedEvent) -> bool:
+        if event.type != "thread_lifecycle" or self._terminal_marker is None:
+            return False
+        return self._terminal_marker in event.data and (
+            '"phase":"completed"' in event.data or '"phase":"errored"' in event.data
+        )
+
+
+async def event_frames(
+    hub: Hub,
+    eventlog: EventLog,
+    task_id: str,
+    after_seq: int,
+    *,
+    stop_turn: str | None,
+) -> AsyncIterator[str]:
+    """The task's events after ``after_seq``, then live ones.
+
+    With ``stop_turn`` the stream ends after that turn's terminal lifecycle
+    event; without it, it ends once the stored events are sent.
+    """
+    progress = _Progress(after_seq, stop_turn)
+    sub = await hub.subscribe(task_id)
+    try:
+        async for chunk in _from_log(eventlog, task_id, progress):
+            yield chunk
+        if progress.done or stop_turn is None:
+            return
+        while not progress.done:
+            batch = await sub.queue.get()
+            if batch is None:
+                return  # the gateway is shutting down
+            if batch[-1].seq <= progress.last:
+                continue
+            if batch[0].seq > progress.last + 1 or sub.overflowed:
+                sub.overflowed = False
+                async for chunk in _from_log(eventlog, task_id, progress):
+                    yield chunk
+            chunk = progress.take(batch)
+            if chunk:
+                yield chunk
+    finally:
+        hub.unsubscribe(sub)
+
+
+async def _from_log(eventlog: EventLog, task_id: str, progress: _Progress) -> AsyncIterator[str]:
+    async for page in eventlog.pages_after(task_id, progress.last):
+        chunk = progress.take(page)
+        if chunk:
+            yield chunk
+        if progress.done:
+            return
+
+
+def sse_response(
+    frames: AsyncIterator[str],
+    task_id: str,
+    heartbeat_seconds: float,
+    headers: dict[str, str] | None = None,
+) -> EventSourceResponse:
+    def heartbeat() -> ServerSentEvent:
+        ts = int(time.time() * 1000)
+        return ServerSentEvent(
+            event="heartbeat",
+            data=f'{{"type":"heartbeat","task_id":"{task_id}","timestamp":{ts}}}',
+        )
+
+    async def as_bytes() -> AsyncIterator[bytes]:
+        async for chunk in frames:
+            yield chunk.encode()
+
+    return EventSourceResponse(
+        as_bytes(),
+        ping=heartbeat_seconds,
+        ping_message_factory=heartbeat,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
+    )

@@ -1,0 +1,30 @@
+"""The gateway's long-lived resources, built in the app's lifespan."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from holdfast_shared.eventlog import EventLog
+from holdfast_shared.keys import Keys
+from holdfast_shared.settings import Settings
+from holdfast_shared.turnlock import TurnLock
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from holdfast_gateway.auth import KeyAuthenticator
+from holdfast_gateway.fanout import Hub
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    redis: Redis
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    keys: Keys
+    eventlog: EventLog
+    hub: Hub
+    lock: TurnLock
+    auth: KeyAuthenticator
+    started_at: float = field(default_factory=time.monotonic)

@@ -1,0 +1,126 @@
+"""Starting a turn: the one place the gateway writes.
+
+Order matters so that a refused request writes nothing and an accepted one
+is durable before it is acknowledged: task (created if new) → turn lock
+(409 when held) → turn row and user message in one transaction → the
+``started`` event → the job on the turns stream. A failure after the lock
+releases it again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from holdfast_shared.conversation import user_content
+from holdfast_shared.db.models import Message, Task, Turn
+from holdfast_shared.errors import ErrorCode
+from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
+from holdfast_shared.eventlog import LoggedEvent
+from holdfast_shared.ids import new_id
+from holdfast_shared.jobs import TurnJob
+from sqlalchemy.dialects.postgresql import insert
+
+from holdfast_gateway.errors import ApiError
+from holdfast_gateway.state import GatewayState
+
+
+@dataclass(frozen=True, slots=True)
+class StartedTurn:
+    task_id: str
+    turn_id: str
+    started: LoggedEvent
+
+
+async def _get_or_create_task(
+    state: GatewayState, tenant_id: str, task_id: str, agent: str | None, model: str | None
+) -> bool:
+    """Returns True when the task was created by this call."""
+    async with state.sessions.begin() as session:
+        created = await session.scalar(
+            insert(Task)
+            .values(id=task_id, tenant_id=tenant_id, agent=agent, model=model)
+            .on_conflict_do_nothing()
+            .returning(Task.id)
+        )
+        if created is not None:
+            return True
+        owner = await session.scalar(
+            Task.__table__.select().with_only_columns(Task.tenant_id).where(Task.id == task_id)
+        )
+    if owner != tenant_id:
+        # Another tenant's task is indistinguishable from a missing one.
+        raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
+    return False
+
+
+async def start_turn(
+    state: GatewayState,
+    tenant_id: str,
+    *,
+    message: str,
+    task_id: str | None,
+    agent: str | None,
+    model: str | None,
+    media: list[dict[str, Any]],
+    direct: bool,
+) -> StartedTurn:
+    task_id = task_id or new_id("task")
+    new_task = await _get_or_create_task(state, tenant_id, task_id, agent, model)
+    turn_id = new_id("turn")
+    if not await state.lock.acquire(task_id, turn_id):
+        running = await state.lock.holder(task_id)
+        raise ApiError(
+            409,
+            ErrorCode.TURN_IN_PROGRESS,
+            f"task {task_id!r} already has a running turn; replay it or wait for it to end",
+            {"task_id": task_id, "turn_id": running},
+        )
+    appended = None
+    try:
+        async with state.sessions.begin() as session:
+            session.add(Turn(id=turn_id, task_id=task_id, status="queued"))
+            await session.flush()
+            msg = Message(
+                task_id=task_id,
+                turn_id=turn_id,
+                position=0,
+                role="user",
+                content=user_content(message, media),
+            )
+            session.add(msg)
+            await session.flush()
+            message_id = msg.id
+        started = ThreadLifecycle(phase="started")
+        body = body_json(started)
+        appended = await state.eventlog.append_bodies(
+            task_id, turn_id, [(started.type, body)], new_task=new_task
+        )
+        job = TurnJob(
+            task_id=task_id,
+            turn_id=turn_id,
+            tenant_id=tenant_id,
+            message_id=message_id,
+            agent=agent,
+            model=model,
+            direct=direct,
+            media=media,
+            enqueued_at_ms=int(time.time() * 1000),
+        )
+        await state.redis.xadd(state.keys.turns, job.to_fields())
+    except BaseException:
+        if appended is not None:
+            # The client may already replay this turn: end it visibly.
+            await state.eventlog.append(
+                task_id,
+                turn_id,
+                [
+                    ErrorEvent(error=ErrorCode.INTERNAL, message="the turn could not be queued"),
+                    ThreadLifecycle(phase="errored"),
+                ],
+            )
+        await state.lock.release(task_id, turn_id)
+        raise
+    data = envelope_json(task_id, turn_id, appended.first_seq, appended.timestamps[0], body)
+    return StartedTurn(task_id, turn_id, LoggedEvent(appended.first_seq, started.type, data))

@@ -1,0 +1,104 @@
+"""The provider interface: one normalized stream whatever the model.
+
+A provider turns a :class:`ModelRequest` into an async stream of
+:data:`ModelEvent` values. Blocks are opened, filled by chunks and closed;
+a turn-level :class:`Finish` carries the stop reason. The loop maps these to
+SSE events, so every provider looks the same to a client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from holdfast_shared.conversation import ChatMessage
+
+BlockType = Literal["text", "thinking", "tool_use"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool declared once, as JSON Schema; providers translate it."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    model: str
+    system: str
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_tokens: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStart:
+    index: int
+    block_type: BlockType
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingChunk:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInputChunk:
+    index: int
+    partial_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStop:
+    index: int
+    # Set for thinking blocks whose provider signs them (sent back verbatim).
+    signature: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    stop_reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ModelEvent = BlockStart | TextChunk | ThinkingChunk | ToolInputChunk | BlockStop | UsageReport | Finish
+
+
+class Provider(Protocol):
+    """A model backend. ``name`` is the ``provider`` part of ``provider:model``."""
+
+    name: str
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...
+
+
+class ProviderError(Exception):
+    """A model call failed for good (after any retries); ``code`` is an ErrorCode."""
+
+    def __init__(self, code: str, message: str, *, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details

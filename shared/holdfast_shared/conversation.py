@@ -1,0 +1,56 @@
+"""The stored conversation of a task: what the next turn's model call sees.
+
+A message's ``content`` is ``{"blocks": [...]}`` with provider-neutral blocks:
+``{"type": "text", "text"}``, ``{"type": "thinking", "text", "signature"?}``,
+``{"type": "tool_use", "id", "name", "input"}``, ``{"type": "tool_result",
+"tool_use_id", "output", "error"?}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from holdfast_shared.db.models import Message
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str  # "user" | "assistant"
+    blocks: tuple[dict[str, Any], ...]
+    turn_id: str = ""
+    media: tuple[dict[str, Any], ...] = field(default=())
+
+    @property
+    def text(self) -> str:
+        return "".join(b.get("text", "") for b in self.blocks if b.get("type") == "text")
+
+
+def user_content(text: str, media: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content: dict[str, Any] = {"blocks": [{"type": "text", "text": text}]}
+    if media:
+        content["media"] = media
+    return content
+
+
+async def load_history(session: AsyncSession, task_id: str) -> list[ChatMessage]:
+    """Every message of the task, oldest first."""
+    rows = (
+        await session.execute(
+            select(Message.role, Message.content, Message.turn_id)
+            .where(Message.task_id == task_id)
+            .order_by(Message.id)
+        )
+    ).all()
+    return [
+        ChatMessage(
+            role=role,
+            blocks=tuple(content.get("blocks", ())),
+            turn_id=turn_id,
+            media=tuple(content.get("media", ())),
+        )
+        for role, content, turn_id in rows
+    ]

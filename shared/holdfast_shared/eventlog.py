@@ -1,0 +1,405 @@
+"""The per-task event log: append, read, and archive to PostgreSQL.
+
+Layout. Each task has one Redis stream (``Keys.events``) whose entry ids are
+``<seq>-0`` and whose fields are ``t`` (type), ``ts`` (timestamp) and ``d``
+(the finished wire JSON). Readers never re-serialise: ``d`` goes to the SSE
+client as it is.
+
+Seq and timestamp. The append script assigns both inside Redis, so every
+process (gateway, any worker) agrees: ``seq`` is the last seq + 1 and
+``timestamp`` is ``max(redis TIME in ms, last timestamp + 1)`` — a logical
+clock that runs ahead of the wall clock only while a task emits more than one
+event per millisecond, and so is strictly increasing and as exact a cursor as
+``seq``.
+
+Durability. Every append bumps the task in ``Keys.archive_dirty``; the
+:class:`Archiver` copies new entries to the ``events`` table (idempotent on
+``(task_id, seq)``) and only then lets the stream expire,
+``channel_state_ttl_active`` seconds after its last archived event. A stream
+with unarchived events never expires. When the stream is gone, the next
+append continues numbering from PostgreSQL, and readers stitch PostgreSQL
+(older) and Redis (newer) together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from holdfast_shared.db.models import EventRecord
+from holdfast_shared.events import _Event, body_json
+from holdfast_shared.keys import Keys
+
+log = logging.getLogger(__name__)
+
+# KEYS: events stream, archived watermark.
+# ARGV: task_id, turn_id ('' = null), floor seq ('' = unknown), floor ts, then
+#       (type, body) pairs. Returns {first_seq, ts_1, ..., ts_n}, or {-1} when
+#       the stream is gone and the caller must supply the floor from PostgreSQL.
+_APPEND = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local seq, ts
+if #last == 0 then
+  if ARGV[3] == '' then return {-1} end
+  seq = tonumber(ARGV[3]); ts = tonumber(ARGV[4])
+else
+  local id = last[1][1]
+  seq = tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1))
+  local fields = last[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'ts' then ts = tonumber(fields[i + 1]) end
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local turn = 'null'
+if ARGV[2] ~= '' then turn = '"' .. ARGV[2] .. '"' end
+local head = '{"task_id":"' .. ARGV[1] .. '","turn_id":' .. turn .. ',"seq":'
+local out = {seq + 1}
+for i = 5, #ARGV, 2 do
+  seq = seq + 1
+  if now > ts then ts = now else ts = ts + 1 end
+  local data = head .. string.format('%d', seq) .. ',"timestamp":' .. string.format('%d', ts)
+    .. ',' .. string.sub(ARGV[i + 1], 2)
+  redis.call('XADD', KEYS[1], string.format('%d', seq) .. '-0', 't', ARGV[i], 'ts',
+    string.format('%d', ts), 'd', data)
+  out[#out + 1] = ts
+end
+redis.call('PERSIST', KEYS[1])
+redis.call('PERSIST', KEYS[2])
+return out
+"""
+
+# KEYS: events stream, archived watermark. ARGV: archived seq, ttl ms.
+# Records the watermark; lets the stream expire only when nothing is unarchived.
+_MARK_ARCHIVED = """
+redis.call('SET', KEYS[2], ARGV[1])
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last == 0 then return 0 end
+local id = last[1][1]
+local seq = tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1))
+if seq == tonumber(ARGV[1]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS: dirty set. ARGV: task id, the score seen before archiving.
+_CLEAR_DIRTY = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) == tonumber(ARGV[2]) then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One event as stored: what an SSE frame needs, nothing parsed."""
+
+    seq: int
+    type: str
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where an append landed: the first seq and each event's timestamp."""
+
+    first_seq: int
+    timestamps: tuple[int, ...]
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.timestamps) - 1
+
+
+def _seq_of(entry_id: str) -> int:
+    return int(entry_id.split("-", 1)[0])
+
+
+class EventLog:
+    """Append to and read from task event logs. Safe to share across tasks."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        sessions: async_sessionmaker[AsyncSession],
+        keys: Keys,
+        *,
+        hot_ttl_seconds: int,
+    ) -> None:
+        self.redis = redis
+        self.sessions = sessions
+        self.keys = keys
+        self.hot_ttl_ms = hot_ttl_seconds * 1000
+        self._append = redis.register_script(_APPEND)
+        self._mark_archived = redis.register_script(_MARK_ARCHIVED)
+        self._clear_dirty = redis.register_script(_CLEAR_DIRTY)
+
+    # -- writing ---------------------------------------------------------------
+    async def append(
+        self,
+        task_id: str,
+        turn_id: str | None,
+        events: Sequence[_Event],
+        *,
+        new_task: bool = False,
+    ) -> Appended:
+        """Append events in order; all or none land (one script call).
+
+        ``new_task`` says the task has no history, which saves a PostgreSQL
+        look-up when its stream does not exist yet.
+        """
+        return await self.append_bodies(
+            task_id, turn_id, [(e.type, body_json(e)) for e in events], new_task=new_task  # type: ignore[attr-defined]
+        )
+
+    async def append_bodies(
+        self,
+        task_id: str,
+        turn_id: str | None,
+        bodies: Sequence[tuple[str, str]],
+        *,
+        new_task: bool = False,
+    ) -> Appended:
+        """Like :meth:`append`, for callers that serialised the bodies already."""
+        if not bodies:
+            raise ValueError("nothing to append")
+        flat: list[str] = []
+        for event_type, body in bodies:
+            flat += (event_type, body)
+        floor: tuple[str, str] = ("0", "0") if new_task else ("", "")
+        keys = [self.keys.events(task_id), self.keys.archived(task_id)]
+        while True:
+            result = await self._call_append(keys, task_id, turn_id, floor, flat)
+            if result[0] != -1:
+                return Appended(int(result[0]), tuple(int(ts) for ts in result[1:]))
+            seq, ts = await self._pg_floor(task_id)
+            floor = (str(seq), str(ts))
+
+    async def _call_append(
+        self,
+        keys: list[str],
+        task_id: str,
+        turn_id: str | None,
+        floor: tuple[str, str],
+        flat: list[str],
+    ) -> list[int]:
+        args = [task_id, turn_id or "", *floor, *flat]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self._append(keys=keys, args=args, client=pipe)
+            # Bumped after the append, so the archiver never clears a mark
+            # for an entry it has not seen (see Archiver.archive_task).
+            pipe.zincrby(self.keys.archive_dirty, 1, task_id)
+            result, _ = await pipe.execute()
+        return list(result)
+
+    async def _pg_floor(self, task_id: str) -> tuple[int, int]:
+        async with self.sessions() as session:
+            row = (
+                await session.execute(
+                    select(
+                        func.coalesce(func.max(EventRecord.seq), 0),
+                        func.coalesce(func.max(EventRecord.timestamp), 0),
+                    ).where(EventRecord.task_id == task_id)
+                )
+            ).one()
+        return int(row[0]), int(row[1])
+
+    # -- reading ---------------------------------------------------------------
+    async def read_hot(self, task_id: str, after_seq: int, count: int = 1000) -> list[LoggedEvent]:
+        """Events after ``after_seq`` from the Redis copy (possibly fewer than exist)."""
+        entries = await self.redis.xrange(
+            self.keys.events(task_id), min=f"{after_seq + 1}-0", max="+", count=count
+        )
+        return [LoggedEvent(_seq_of(eid), f["t"], f["d"]) for eid, f in entries]
+
+    async def first_hot_seq(self, task_id: str) -> int | None:
+        entries = await self.redis.xrange(self.keys.events(task_id), count=1)
+        return _seq_of(entries[0][0]) if entries else None
+
+    async def last_hot_seq(self, task_id: str) -> int | None:
+        entries = await self.redis.xrevrange(self.keys.events(task_id), count=1)
+        return _seq_of(entries[0][0]) if entries else None
+
+    async def read_cold(
+        self, task_id: str, after_seq: int, before_seq: int | None, limit: int = 1000
+    ) -> list[LoggedEvent]:
+        """Events from PostgreSQL with ``after_seq < seq < before_seq``."""
+        query = (
+            select(EventRecord.seq, EventRecord.type, EventRecord.data)
+            .where(EventRecord.task_id == task_id, EventRecord.seq > after_seq)
+            .order_by(EventRecord.seq)
+            .limit(limit)
+        )
+        if before_seq is not None:
+            query = query.where(EventRecord.seq < before_seq)
+        async with self.sessions() as session:
+            rows = (await session.execute(query)).all()
+        return [LoggedEvent(int(r[0]), r[1], r[2]) for r in rows]
+
+    async def pages_after(
+        self, task_id: str, after_seq: int, page_size: int = 1000
+    ) -> AsyncIterator[list[LoggedEvent]]:
+        """Every stored event after ``after_seq``, in order, in pages.
+
+        Older events come from PostgreSQL, the rest from Redis; the pages end
+        at the newest event at the time the last page was read.
+        """
+        cursor = after_seq
+        first_hot = await self.first_hot_seq(task_id)
+        if first_hot is None or first_hot > cursor + 1:
+            while True:
+                page = await self.read_cold(task_id, cursor, first_hot, page_size)
+                if page:
+                    yield page
+                    cursor = page[-1].seq
+                if len(page) < page_size:
+                    break
+        while True:
+            page = await self.read_hot(task_id, cursor, page_size)
+            if page:
+                yield page
+                cursor = page[-1].seq
+            if len(page) < page_size:
+                break
+
+    async def seq_at_timestamp(self, task_id: str, timestamp: int) -> int:
+        """The highest seq whose timestamp is ``<= timestamp`` (0 if none).
+
+        Seq and timestamp rise together, so this turns a timestamp cursor into
+        an exact seq cursor: a binary search over the hot stream, or an index
+        look-up in PostgreSQL for older events.
+        """
+        if timestamp <= 0:
+            return 0
+        key = self.keys.events(task_id)
+        first = await self.redis.xrange(key, count=1)
+        if first and int(first[0][1]["ts"]) <= timestamp:
+            low = _seq_of(first[0][0])
+            last = await self.redis.xrevrange(key, count=1)
+            high = _seq_of(last[0][0])
+            # Seqs in the stream are contiguous, so seq ``mid`` is entry ``mid-0``.
+            # Invariant: ts(low) <= timestamp; find the last such seq.
+            while low < high:
+                mid = (low + high + 1) // 2
+                entry = await self.redis.xrange(key, min=f"{mid}-0", max=f"{mid}-0")
+                if entry and int(entry[0][1]["ts"]) <= timestamp:
+                    low = mid
+                else:
+                    high = mid - 1
+            return low
+        async with self.sessions() as session:
+            value = await session.scalar(
+                select(func.max(EventRecord.seq)).where(
+                    EventRecord.task_id == task_id, EventRecord.timestamp <= timestamp
+                )
+            )
+        return int(value or 0)
+
+    # -- archiving -------------------------------------------------------------
+    async def archive_task(self, task_id: str, dirty_score: float) -> int:
+        """Copy the task's unarchived events to PostgreSQL; returns how many."""
+        events_key = self.keys.events(task_id)
+        archived_key = self.keys.archived(task_id)
+        watermark = int(await self.redis.get(archived_key) or 0)
+        copied = 0
+        while True:
+            entries = await self.redis.xrange(
+                events_key, min=f"{watermark + 1}-0", max="+", count=500
+            )
+            if not entries:
+                break
+            rows = [
+                {
+                    "task_id": task_id,
+                    "seq": _seq_of(eid),
+                    "type": f["t"],
+                    "timestamp": int(f["ts"]),
+                    "data": f["d"],
+                    "turn_id": _turn_of(f["d"]),
+                }
+                for eid, f in entries
+            ]
+            async with self.sessions.begin() as session:
+                await session.execute(
+                    insert(EventRecord).values(rows).on_conflict_do_nothing()
+                )
+            watermark = rows[-1]["seq"]  # type: ignore[assignment]
+            copied += len(rows)
+            await self._mark_archived(
+                keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]
+            )
+        if copied == 0 and watermark:
+            await self._mark_archived(
+                keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]
+            )
+        await self._clear_dirty(keys=[self.keys.archive_dirty], args=[task_id, dirty_score])
+        return copied
+
+    async def archive_pending(self, limit: int = 200) -> int:
+        """One archiving pass over the tasks marked dirty; returns events copied."""
+        dirty = await self.redis.zrange(self.keys.archive_dirty, 0, limit - 1, withscores=True)
+        copied = 0
+        for task_id, score in dirty:
+            copied += await self.archive_task(task_id, score)
+        return copied
+
+
+def _turn_of(data: str) -> str | None:
+    # The envelope is written by the append script in a fixed order, so the
+    # turn id sits at a known place; no JSON parse on the archive path.
+    marker = '"turn_id":"'
+    start = data.find(marker)
+    if start < 0:
+        return None
+    start += len(marker)
+    return data[start : data.index('"', start)]
+
+
+class Archiver:
+    """Background task that keeps PostgreSQL's ``events`` in step with Redis.
+
+    Any number may run (one per worker process): writes are idempotent.
+    """
+
+    def __init__(self, log_: EventLog, interval_seconds: float) -> None:
+        self.log = log_
+        self.interval = interval_seconds
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="event-archiver")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        # A last pass so a clean shutdown leaves nothing unarchived.
+        await self.log.archive_pending()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.log.archive_pending()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("archiving pass failed; retrying")
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,183 @@
+"""The SSE event catalogue: one typed model per event type, one union, one adapter.
+
+On the wire every event is one flat JSON object: the envelope (``type``,
+``task_id``, ``turn_id``, ``seq``, ``timestamp``) beside the type's own
+fields. Producers build a model without envelope values; the event log
+assigns ``seq`` and ``timestamp`` when it appends (see ``eventlog``), so the
+body they serialise is :func:`body_json` and never carries them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+ENVELOPE_FIELDS = frozenset({"task_id", "turn_id", "seq", "timestamp"})
+
+BlockType = Literal["text", "thinking", "tool_use"]
+TERMINAL_PHASES = frozenset({"completed", "errored"})
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    task_id: str = ""
+    turn_id: str | None = None
+    # Unset (0) only for heartbeats, which are not part of the log.
+    seq: int = 0
+    # Epoch milliseconds, strictly increasing per task.
+    timestamp: int = 0
+
+
+class ThreadLifecycle(_Event):
+    type: Literal["thread_lifecycle"] = "thread_lifecycle"
+    phase: Literal["started", "completed", "errored"]
+    stop_reason: str | None = None
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    error: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class TextDelta(_Event):
+    type: Literal["text_delta"] = "text_delta"
+    text: str
+
+
+class ThinkingDelta(_Event):
+    type: Literal["thinking_delta"] = "thinking_delta"
+    text: str
+
+
+class ContentBlockStart(_Event):
+    type: Literal["content_block_start"] = "content_block_start"
+    block_index: int
+    block_type: BlockType
+
+
+class ContentBlockStop(_Event):
+    type: Literal["content_block_stop"] = "content_block_stop"
+    block_index: int
+    block_type: BlockType
+
+
+class ToolCall(_Event):
+    type: Literal["tool_call"] = "tool_call"
+    tool: str
+    tool_call_id: str
+    input: dict[str, Any]
+
+
+class ToolResult(_Event):
+    type: Literal["tool_result"] = "tool_result"
+    tool_call_id: str
+    output: Any
+    error: str | None = None
+
+
+class HitlRequest(_Event):
+    type: Literal["hitl_request"] = "hitl_request"
+    request_id: str
+    kind: Literal["permission", "question"]
+    question: str
+    tool_call: dict[str, Any] | None = None
+    expires_at: int | None = None
+
+
+class HitlResolved(_Event):
+    type: Literal["hitl_resolved"] = "hitl_resolved"
+    request_id: str
+    answer: str | None = None
+
+
+class WorkingMemoryUpdate(_Event):
+    type: Literal["working_memory_update"] = "working_memory_update"
+    key: str
+    value: Any = None
+
+
+class CompactionEvent(_Event):
+    type: Literal["compaction_event"] = "compaction_event"
+    summarized_messages: int
+    summary_tokens: int | None = None
+
+
+class Heartbeat(_Event):
+    type: Literal["heartbeat"] = "heartbeat"
+
+
+class Usage(_Event):
+    type: Literal["usage"] = "usage"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    model: str | None = None
+
+
+Event = Annotated[
+    ThreadLifecycle
+    | ErrorEvent
+    | TextDelta
+    | ThinkingDelta
+    | ContentBlockStart
+    | ContentBlockStop
+    | ToolCall
+    | ToolResult
+    | HitlRequest
+    | HitlResolved
+    | WorkingMemoryUpdate
+    | CompactionEvent
+    | Heartbeat
+    | Usage,
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+EVENT_TYPES = frozenset(
+    model.model_fields["type"].default
+    for model in (
+        ThreadLifecycle, ErrorEvent, TextDelta, ThinkingDelta, ContentBlockStart,
+        ContentBlockStop, ToolCall, ToolResult, HitlRequest, HitlResolved,
+        WorkingMemoryUpdate, CompactionEvent, Heartbeat, Usage,
+    )
+)
+
+
+def parse_event(data: str | bytes) -> Event:
+    """Parse one event's wire JSON into its typed model."""
+    return EVENT_ADAPTER.validate_json(data)
+
+
+def body_json(event: _Event) -> str:
+    """The event's own fields (``type`` first) as JSON, without the envelope.
+
+    Optional fields left unset are omitted, so ``error`` appears on a
+    ``tool_result`` only when the call failed.
+    """
+    return event.model_dump_json(exclude=set(ENVELOPE_FIELDS), exclude_none=True)
+
+
+def envelope_json(task_id: str, turn_id: str | None, seq: int, timestamp: int, body: str) -> str:
+    """Join envelope and body into the flat wire JSON.
+
+    Ids are restricted to a JSON-safe alphabet (see ``ids``), so they need no
+    escaping. The event log's append script builds the same string in Lua.
+    """
+    turn = "null" if turn_id is None else f'"{turn_id}"'
+    return (
+        f'{{"task_id":"{task_id}","turn_id":{turn},"seq":{seq},"timestamp":{timestamp},'
+        + body[1:]
+    )
+
+
+def is_terminal(event_type: str, data: str) -> bool:
+    """True for the ``thread_lifecycle`` event that ends a turn."""
+    if event_type != "thread_lifecycle":
+        return False
+    return '"phase":"completed"' in data or '"phase":"errored"' in data

@@ -1,0 +1,52 @@
+"""Every Redis key name Holdfast uses, in one place.
+
+Per-task keys carry the task id as a hash tag (``{task_id}``) so that all keys
+of one task live in one Redis Cluster slot and can be touched by one script.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TURNS_GROUP = "loop-workers"
+TOOLS_GROUP = "tool-runners"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix (``HOLDFAST_REDIS_PREFIX``)."""
+
+    prefix: str = "holdfast:"
+
+    # -- global keys ---------------------------------------------------------
+    @property
+    def turns(self) -> str:
+        """Stream of turn jobs, consumed by loop-workers through ``TURNS_GROUP``."""
+        return f"{self.prefix}turns"
+
+    @property
+    def tools(self) -> str:
+        """Stream of tool calls, consumed by tool-runners through ``TOOLS_GROUP``."""
+        return f"{self.prefix}tools"
+
+    @property
+    def archive_dirty(self) -> str:
+        """Sorted set of task ids whose events are not all in PostgreSQL yet."""
+        return f"{self.prefix}archive:dirty"
+
+    def gateway_wake(self, gateway_id: str) -> str:
+        """Stream a gateway's tailer also blocks on, so a new subscriber can wake it."""
+        return f"{self.prefix}gateway:{gateway_id}:wake"
+
+    # -- per-task keys (hash-tagged) ----------------------------------------
+    def events(self, task_id: str) -> str:
+        """The task's hot event log: entry id ``<seq>-0``, fields ``t``, ``ts``, ``d``."""
+        return f"{self.prefix}task:{{{task_id}}}:events"
+
+    def archived(self, task_id: str) -> str:
+        """Highest seq of the task already written to PostgreSQL."""
+        return f"{self.prefix}task:{{{task_id}}}:archived"
+
+    def running_turn(self, task_id: str) -> str:
+        """Id of the task's running turn; its presence is the one-turn-per-task lock."""
+        return f"{self.prefix}task:{{{task_id}}}:turn"

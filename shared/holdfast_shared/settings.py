@@ -1,0 +1,77 @@
+"""Settings shared by every Holdfast service, read from ``HOLDFAST_*`` variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """One settings object for all services; each reads what it needs.
+
+    ``redis_url`` / ``database_url`` left unset means "embedded": only
+    ``holdfast up`` accepts that, and fills them in before it starts services.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="HOLDFAST_", extra="ignore")
+
+    redis_url: str | None = None
+    database_url: str | None = None
+    # Every Redis key starts with this, so test runs (and several engines on
+    # one Redis) never see each other's keys.
+    redis_prefix: str = "holdfast:"
+    data_dir: Path = Field(default_factory=lambda: Path.home() / ".holdfast")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+
+    heartbeat_seconds: float = 15.0
+    channel_state_ttl_active: int = 10800
+    channel_state_ttl_hitl: int = 259200
+
+    model: str | None = None
+    max_iterations: int = 25
+    turn_deadline_seconds: int = 3600
+    lease_seconds: int = 10
+
+    # How many turns one loop-worker process runs at once.
+    worker_concurrency: int = 64
+    # The archiver copies events from Redis to PostgreSQL at this pace.
+    archive_interval_seconds: float = 0.2
+    log_level: str = "INFO"
+
+    @field_validator("redis_prefix")
+    @classmethod
+    def _prefix_has_no_braces(cls, value: str) -> str:
+        # Braces would change the Redis Cluster hash tag of every key.
+        if "{" in value or "}" in value:
+            raise ValueError("redis_prefix must not contain '{' or '}'")
+        return value
+
+    def require_urls(self) -> tuple[str, str]:
+        """The Redis and database URLs, or a clear error naming what is missing."""
+        missing = [
+            name
+            for name, value in (
+                ("HOLDFAST_REDIS_URL", self.redis_url),
+                ("HOLDFAST_DATABASE_URL", self.database_url),
+            )
+            if not value
+        ]
+        if missing:
+            raise RuntimeError(
+                f"{' and '.join(missing)} must be set to run a service on its own; "
+                "`holdfast up` starts embedded servers when they are unset"
+            )
+        assert self.redis_url is not None and self.database_url is not None
+        return self.redis_url, self.database_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()
