@@ -1,0 +1,74 @@
+"""Engine services as real child processes, the way ``holdfast`` runs them."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EngineProcesses:
+    def __init__(self, env: dict[str, str], log_dir: Path | None = None) -> None:
+        self.env = env
+        self.gateways: list[tuple[subprocess.Popen[bytes], str]] = []
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return self.gateways[0][1]
+
+    def _spawn(self, service: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-c", f"from holdfast_{service.replace('-', '_')}.main import main; main()"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def start_gateway(self) -> str:
+        port = free_port()
+        env = {**self.env, "HOLDFAST_PORT": str(port), "HOLDFAST_HOST": "127.0.0.1"}
+        proc = self._spawn("gateway", env)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {proc.returncode}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("gateway did not become healthy in 30 s")
+            time.sleep(0.1)
+        self.gateways.append((proc, url))
+        return url
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        proc = self._spawn("loop-worker", self.env)
+        self.workers.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        procs = [p for p, _ in self.gateways] + self.workers
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,139 @@
+"""Bad input gets a clear 4xx JSON error and writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from holdfast_shared.db.models import Message, Task
+from sqlalchemy import func, select
+
+from tests.processes import EngineProcesses
+from tests.sse_client import execute, replay
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, object]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert body["error"] == code
+    assert isinstance(body["message"], str) and body["message"]
+    return body
+
+
+async def test_missing_and_wrong_key_are_401(engine: EngineProcesses) -> None:
+    async with httpx.AsyncClient(base_url=engine.url) as client:
+        missing = await client.post("/execute", json={"message": "hi"})
+        wrong = await client.post(
+            "/execute", json={"message": "hi"}, headers={"X-Engine-Key": "hf_nope"}
+        )
+        bad_body_no_key = await client.post("/execute", json={})
+        replay_no_key = await client.get("/execute/replay", params={"task_id": "x"})
+    assert_error(missing, 401, "INVALID_KEY")
+    assert_error(wrong, 401, "INVALID_KEY")
+    assert_error(bad_body_no_key, 401, "INVALID_KEY")
+    assert_error(replay_no_key, 401, "INVALID_KEY")
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({}, "message"),
+        ({"message": ""}, "message"),
+        ({"message": 5}, "message"),
+        ({"message": "hi", "task_id": "has space"}, "task_id"),
+        ({"message": "hi", "task_id": "a" * 200}, "task_id"),
+        ({"message": "hi", "model": "nonsense:model"}, "model"),
+        ({"message": "hi", "surprise": True}, "surprise"),
+        ({"message": "hi", "media": "not-a-list"}, "media"),
+        ({"message": "hi", "direct": "maybe"}, "direct"),
+    ],
+)
+async def test_invalid_body_is_422(
+    engine: EngineProcesses, api_keys: dict[str, str], body: dict[str, object], where: str
+) -> None:
+    async with httpx.AsyncClient(base_url=engine.url) as client:
+        response = await client.post(
+            "/execute", json=body, headers={"X-Engine-Key": api_keys["main"]}
+        )
+    error = assert_error(response, 422, "INVALID_REQUEST")
+    assert where in json.dumps(error["details"])
+
+
+async def test_malformed_json_is_422(engine: EngineProcesses, api_keys: dict[str, str]) -> None:
+    async with httpx.AsyncClient(base_url=engine.url) as client:
+        response = await client.post(
+            "/execute",
+            content=b'{"message": ',
+            headers={"X-Engine-Key": api_keys["main"], "content-type": "application/json"},
+        )
+        bad_cursor = await client.get(
+            "/execute/replay",
+            params={"task_id": "x", "after_seq": "-3"},
+            headers={"X-Engine-Key": api_keys["main"]},
+        )
+    assert_error(response, 422, "INVALID_REQUEST")
+    assert_error(bad_cursor, 422, "INVALID_REQUEST")
+
+
+async def test_other_tenants_task_is_not_found(
+    engine: EngineProcesses, api_keys: dict[str, str], sessions
+) -> None:
+    async with httpx.AsyncClient(timeout=30) as client:
+        mine = await execute(client, engine.url, api_keys["main"], {"message": "private"})
+        task_id = mine.headers["x-task-id"]
+        theirs = await execute(
+            client, engine.url, api_keys["other"], {"message": "peek", "task_id": task_id}
+        )
+        their_replay = await replay(client, engine.url, api_keys["other"], {"task_id": task_id})
+        unknown = await replay(client, engine.url, api_keys["main"], {"task_id": "no-such-task"})
+    assert theirs.status == 404 and theirs.body["error"] == "TASK_NOT_FOUND"
+    assert their_replay.status == 404 and their_replay.body["error"] == "TASK_NOT_FOUND"
+    assert unknown.status == 404 and unknown.body["error"] == "TASK_NOT_FOUND"
+    async with sessions() as session:
+        count = await session.scalar(
+            select(func.count()).select_from(Message).where(Message.task_id == task_id)
+        )
+        owner = await session.scalar(select(Task.tenant_id).where(Task.id == task_id))
+    assert count == 2 and owner == "tenant-main"
+
+
+async def test_second_execute_while_running_is_409(
+    engine: EngineProcesses, api_keys: dict[str, str], sessions
+) -> None:
+    key = api_keys["main"]
+    slow = "/script " + json.dumps({"text": "z ", "deltas": 20, "delay_ms": 50})
+    async with httpx.AsyncClient(timeout=30) as client:
+        # Read the first events and hang up: the turn goes on without us.
+        first = await execute(client, engine.url, key, {"message": slow}, limit=2)
+        task_id = [first.headers["x-task-id"]]
+        conflict = await client.post(
+            f"{engine.url}/execute",
+            json={"message": "again", "task_id": task_id[0]},
+            headers={"X-Engine-Key": key},
+        )
+        body = assert_error(conflict, 409, "TURN_IN_PROGRESS")
+        assert body["details"]["task_id"] == task_id[0]
+        # The running turn is unaffected and finishes.
+        rest = await replay(client, engine.url, key, {"task_id": task_id[0]})
+    assert rest.events[-1]["phase"] == "completed"
+    async with sessions() as session:
+        users = await session.scalar(
+            select(func.count()).select_from(Message)
+            .where(Message.task_id == task_id[0], Message.role == "user")
+        )
+    assert users == 1, "the refused message was not stored"
+
+
+async def test_health_needs_no_key(engine: EngineProcesses) -> None:
+    async with httpx.AsyncClient(base_url=engine.url) as client:
+        response = await client.get("/health")
+    body = response.json()
+    assert response.status_code == 200
+    assert body["status"] == "ok"
+    assert body["uptime_seconds"] > 0
+    assert body["subsystems"]["redis"]["status"] == "ok"
+    assert body["subsystems"]["postgres"]["status"] == "ok"

@@ -1,0 +1,87 @@
+"""The event log against real Redis and PostgreSQL: numbering, cursors, archiving."""
+
+from __future__ import annotations
+
+import secrets
+
+from holdfast_shared.db.models import EventRecord
+from holdfast_shared.eventlog import EventLog
+from holdfast_shared.events import TextDelta, ThreadLifecycle, parse_event
+from sqlalchemy import select
+
+
+def task() -> str:
+    return f"t-{secrets.token_hex(6)}"
+
+
+async def test_seq_and_timestamp_are_assigned_in_order(eventlog: EventLog) -> None:
+    t = task()
+    first = await eventlog.append(t, "turn_a", [ThreadLifecycle(phase="started")], new_task=True)
+    more = await eventlog.append(t, "turn_a", [TextDelta(text=str(i)) for i in range(50)])
+    assert first.first_seq == 1 and more.first_seq == 2 and more.last_seq == 51
+    stamps = first.timestamps + more.timestamps
+    # 50 events in one script call land in the same millisecond: the logical
+    # clock still makes every timestamp distinct and increasing.
+    assert all(b > a for a, b in zip(stamps, stamps[1:], strict=False))
+    events = [e for page in [p async for p in eventlog.pages_after(t, 0)] for e in page]
+    assert [e.seq for e in events] == list(range(1, 52))
+    parsed = parse_event(events[5].data)
+    assert parsed.seq == 6 and parsed.task_id == t and parsed.turn_id == "turn_a"
+    assert parsed.timestamp == stamps[5]
+
+
+async def test_timestamp_cursor_maps_to_exact_seq(eventlog: EventLog) -> None:
+    t = task()
+    appended = await eventlog.append(
+        t, "turn_a", [TextDelta(text="x") for _ in range(37)], new_task=True
+    )
+    for i, ts in enumerate(appended.timestamps):
+        assert await eventlog.seq_at_timestamp(t, ts) == i + 1
+    assert await eventlog.seq_at_timestamp(t, appended.timestamps[0] - 1) == 0
+    assert await eventlog.seq_at_timestamp(t, appended.timestamps[-1] + 10_000) == 37
+
+
+async def test_archive_then_expire_then_continue_from_postgres(
+    eventlog: EventLog, sessions
+) -> None:
+    t = task()
+    await eventlog.append(t, "turn_a", [TextDelta(text=str(i)) for i in range(10)], new_task=True)
+    # Archive everything dirty (other tests' tasks too: harmless, idempotent).
+    await eventlog.archive_pending()
+    await eventlog.archive_pending()
+    async with sessions() as session:
+        rows = (
+            await session.execute(
+                select(EventRecord.seq, EventRecord.turn_id)
+                .where(EventRecord.task_id == t).order_by(EventRecord.seq)
+            )
+        ).all()
+    assert [r.seq for r in rows] == list(range(1, 11))
+    assert {r.turn_id for r in rows} == {"turn_a"}
+    key = eventlog.keys.events(t)
+    ttl = await eventlog.redis.pttl(key)
+    assert 0 < ttl <= eventlog.hot_ttl_ms, "archived stream expires after the active TTL"
+
+    # The hot copy goes away (as the TTL would do); numbering and timestamps
+    # continue from PostgreSQL and reads stitch both stores together.
+    last_ts = (await eventlog.read_cold(t, 9, None))[0]
+    await eventlog.redis.delete(key, eventlog.keys.archived(t))
+    more = await eventlog.append(t, "turn_b", [TextDelta(text="new")])
+    assert more.first_seq == 11
+    assert more.timestamps[0] > parse_event(last_ts.data).timestamp
+    assert await eventlog.redis.pttl(key) == -1, "unarchived events never expire"
+    events = [e for page in [p async for p in eventlog.pages_after(t, 4)] for e in page]
+    assert [e.seq for e in events] == list(range(5, 12))
+    cold_ts = parse_event(events[0].data).timestamp
+    assert await eventlog.seq_at_timestamp(t, cold_ts) == 5
+
+
+async def test_archiving_twice_writes_each_event_once(eventlog: EventLog, sessions) -> None:
+    t = task()
+    await eventlog.append(t, None, [TextDelta(text="a"), TextDelta(text="b")], new_task=True)
+    await eventlog.archive_task(t, 0)
+    await eventlog.redis.delete(eventlog.keys.archived(t))  # lose the watermark
+    await eventlog.archive_task(t, 0)
+    async with sessions() as session:
+        seqs = (await session.scalars(select(EventRecord.seq).where(EventRecord.task_id == t))).all()
+    assert sorted(seqs) == [1, 2]
