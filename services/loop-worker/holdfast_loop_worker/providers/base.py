@@ -95,10 +95,27 @@ class Provider(Protocol):
 
 
 class ProviderError(Exception):
-    """A model call failed for good (after any retries); ``code`` is an ErrorCode."""
+    """A model call failed. ``code`` is a stable ErrorCode value.
 
-    def __init__(self, code: str, message: str, *, details: dict[str, Any] | None = None):
+    ``retryable`` marks failures worth another attempt (429, 5xx, overloaded,
+    connection reset); ``retry_after`` carries the server's ``retry-after``
+    in seconds when it sent one.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ):
         super().__init__(message)
         self.code = code
         self.message = message
         self.details = details
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status

@@ -1,0 +1,130 @@
+"""Local HTTP servers that stand in for model providers, speaking their wire protocol.
+
+A :class:`WireServer` runs a real uvicorn server on 127.0.0.1 in a thread and
+answers every POST with the next scripted :class:`Reply`, recording each
+request (path, headers, JSON body) so tests can check what the SDK sent. The
+provider-specific modules (``fake_anthropic`` …) build the replies: the event
+names, fields and ordering each real API sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class SSE:
+    """One server-sent event; ``event`` None for data-only streams (OpenAI, Gemini)."""
+
+    data: Any
+    event: str | None = None
+
+    def encode(self) -> bytes:
+        payload = self.data if isinstance(self.data, str) else json.dumps(self.data)
+        head = f"event: {self.event}\n" if self.event else ""
+        return f"{head}data: {payload}\n\n".encode()
+
+
+@dataclass
+class Reply:
+    """What the server answers to one request.
+
+    ``events`` → a ``text/event-stream`` body; ``body`` → a JSON body (errors,
+    non-streaming); ``break_after`` → drop the connection after that many
+    events, as a reset mid-stream would.
+    """
+
+    status: int = 200
+    events: list[SSE] | None = None
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    break_after: int | None = None
+    delay_between: float = 0.0
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    json: Any
+
+
+class WireServer:
+    def __init__(self) -> None:
+        self.replies: deque[Reply] = deque()
+        self.requests: list[Recorded] = []
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["POST", "GET"])])
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        )
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def queue(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+    def start(self) -> WireServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("wire server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+    async def _handle(self, request: Request) -> Response:
+        raw = await request.body()
+        self.requests.append(
+            Recorded(
+                request.method,
+                "/" + request.path_params["path"],
+                request.url.query,
+                dict(request.headers),
+                json.loads(raw) if raw else None,
+            )
+        )
+        if not self.replies:
+            return JSONResponse({"error": "no scripted reply left"}, status_code=599)
+        reply = self.replies.popleft()
+        if reply.events is None:
+            return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+        return StreamingResponse(
+            self._stream(reply),
+            status_code=reply.status,
+            media_type="text/event-stream",
+            headers=reply.headers,
+        )
+
+    async def _stream(self, reply: Reply) -> AsyncIterator[bytes]:
+        assert reply.events is not None
+        for i, event in enumerate(reply.events):
+            if reply.break_after is not None and i >= reply.break_after:
+                # Raising inside the body iterator makes uvicorn abort the
+                # connection without a proper chunked terminator: a reset.
+                raise ConnectionResetError("scripted connection drop")
+            if reply.delay_between:
+                await asyncio.sleep(reply.delay_between)
+            yield event.encode()
