@@ -30,7 +30,11 @@ class EngineProcesses:
 
     def _spawn(self, service: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-c", f"from holdfast_{service.replace('-', '_')}.main import main; main()"],
+            [
+                sys.executable,
+                "-c",
+                f"from holdfast_{service.replace('-', '_')}.main import main; main()",
+            ],
             env=env,
             stdin=subprocess.DEVNULL,
         )

@@ -38,8 +38,8 @@ def short_ttl_engine(
     procs.stop()
 
 
-async def wait_until_trimmed(redis: Redis, key: str, timeout: float = 20) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+async def wait_until_trimmed(redis: Redis, key: str, patience: float = 20) -> None:
+    deadline = asyncio.get_running_loop().time() + patience
     while await redis.exists(key):
         assert asyncio.get_running_loop().time() < deadline, "hot copy never expired"
         await asyncio.sleep(0.2)
@@ -89,7 +89,9 @@ async def test_two_gateways_serve_one_task(
         async with httpx.AsyncClient(timeout=30) as client:
             live = asyncio.create_task(
                 execute(
-                    client, engine.url, key,
+                    client,
+                    engine.url,
+                    key,
                     {"message": script(text="g ", deltas=40, delay_ms=25), "task_id": task_id},
                 )
             )

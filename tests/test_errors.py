@@ -122,7 +122,8 @@ async def test_second_execute_while_running_is_409(
     assert rest.events[-1]["phase"] == "completed"
     async with sessions() as session:
         users = await session.scalar(
-            select(func.count()).select_from(Message)
+            select(func.count())
+            .select_from(Message)
             .where(Message.task_id == task_id[0], Message.role == "user")
         )
     assert users == 1, "the refused message was not stored"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import secrets
 
 from holdfast_shared.db.models import EventRecord
@@ -22,7 +23,7 @@ async def test_seq_and_timestamp_are_assigned_in_order(eventlog: EventLog) -> No
     stamps = first.timestamps + more.timestamps
     # 50 events in one script call land in the same millisecond: the logical
     # clock still makes every timestamp distinct and increasing.
-    assert all(b > a for a, b in zip(stamps, stamps[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(stamps))
     events = [e for page in [p async for p in eventlog.pages_after(t, 0)] for e in page]
     assert [e.seq for e in events] == list(range(1, 52))
     parsed = parse_event(events[5].data)
@@ -53,7 +54,8 @@ async def test_archive_then_expire_then_continue_from_postgres(
         rows = (
             await session.execute(
                 select(EventRecord.seq, EventRecord.turn_id)
-                .where(EventRecord.task_id == t).order_by(EventRecord.seq)
+                .where(EventRecord.task_id == t)
+                .order_by(EventRecord.seq)
             )
         ).all()
     assert [r.seq for r in rows] == list(range(1, 11))
@@ -83,5 +85,7 @@ async def test_archiving_twice_writes_each_event_once(eventlog: EventLog, sessio
     await eventlog.redis.delete(eventlog.keys.archived(t))  # lose the watermark
     await eventlog.archive_task(t, 0)
     async with sessions() as session:
-        seqs = (await session.scalars(select(EventRecord.seq).where(EventRecord.task_id == t))).all()
+        seqs = (
+            await session.scalars(select(EventRecord.seq).where(EventRecord.task_id == t))
+        ).all()
     assert sorted(seqs) == [1, 2]

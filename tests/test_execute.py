@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
 import pytest
+from holdfast_shared.db.models import Message
 from holdfast_shared.events import parse_event
 from sqlalchemy import func, select
 
-from holdfast_shared.db.models import Message
 from tests.processes import EngineProcesses
 from tests.sse_client import Received, execute, replay
 
@@ -23,7 +24,7 @@ def script(**kw: object) -> str:
 def assert_gapless(got: Received, first: int = 1) -> None:
     assert got.seqs == list(range(first, first + len(got.seqs))), got.seqs
     stamps = [e["timestamp"] for e in got.events]
-    assert all(b > a for a, b in zip(stamps, stamps[1:], strict=False)), stamps
+    assert all(b > a for a, b in itertools.pairwise(stamps)), stamps
 
 
 async def test_full_turn_event_sequence(engine: EngineProcesses, api_keys: dict[str, str]) -> None:
@@ -49,7 +50,9 @@ async def test_full_turn_event_sequence(engine: EngineProcesses, api_keys: dict[
         parse_event(json.dumps(event))  # every event is a valid typed model
 
 
-async def test_second_turn_sees_the_first(engine: EngineProcesses, api_keys: dict[str, str]) -> None:
+async def test_second_turn_sees_the_first(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         first = await execute(client, engine.url, api_keys["main"], {"message": "my name is Ada"})
         task_id = first.headers["x-task-id"]
@@ -82,8 +85,11 @@ async def test_resume_mid_stream_while_hot(
     key = api_keys["main"]
     async with httpx.AsyncClient(timeout=30) as client:
         first = await execute(
-            client, engine.url, key,
-            {"message": script(text="tok ", deltas=60, delay_ms=10)}, limit=12,
+            client,
+            engine.url,
+            key,
+            {"message": script(text="tok ", deltas=60, delay_ms=10)},
+            limit=12,
         )
         task_id = first.headers["x-task-id"]
         last = first.events[-1]
@@ -129,7 +135,9 @@ async def test_heartbeats_flow_while_a_turn_runs(
     frames: list[list[str]] = []
     async with httpx.AsyncClient(timeout=30) as client:
         async with client.stream(
-            "POST", f"{engine.url}/execute", json=body,
+            "POST",
+            f"{engine.url}/execute",
+            json=body,
             headers={"X-Engine-Key": api_keys["main"]},
         ) as response:
             current: list[str] = []
@@ -160,7 +168,8 @@ async def test_messages_are_stored(
     async with sessions() as session:
         rows = (
             await session.execute(
-                select(Message.role, Message.content).where(Message.task_id == task_id)
+                select(Message.role, Message.content)
+                .where(Message.task_id == task_id)
                 .order_by(Message.id)
             )
         ).all()

@@ -163,7 +163,10 @@ class EventLog:
         look-up when its stream does not exist yet.
         """
         return await self.append_bodies(
-            task_id, turn_id, [(e.type, body_json(e)) for e in events], new_task=new_task  # type: ignore[attr-defined]
+            task_id,
+            turn_id,
+            [(e.type, body_json(e)) for e in events],
+            new_task=new_task,
         )
 
     async def append_bodies(
@@ -334,10 +337,8 @@ class EventLog:
                 for eid, f in entries
             ]
             async with self.sessions.begin() as session:
-                await session.execute(
-                    insert(EventRecord).values(rows).on_conflict_do_nothing()
-                )
-            watermark = rows[-1]["seq"]  # type: ignore[assignment]
+                await session.execute(insert(EventRecord).values(rows).on_conflict_do_nothing())
+            watermark = int(rows[-1]["seq"])
             copied += len(rows)
             await self._mark_archived(
                 keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]

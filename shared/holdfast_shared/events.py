@@ -22,6 +22,8 @@ TERMINAL_PHASES = frozenset({"completed", "errored"})
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
+    # Each event type narrows this to its Literal (the union's discriminator).
+    type: str
     task_id: str = ""
     turn_id: str | None = None
     # Unset (0) only for heartbeats, which are not part of the log.
@@ -142,9 +144,20 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_TYPES = frozenset(
     model.model_fields["type"].default
     for model in (
-        ThreadLifecycle, ErrorEvent, TextDelta, ThinkingDelta, ContentBlockStart,
-        ContentBlockStop, ToolCall, ToolResult, HitlRequest, HitlResolved,
-        WorkingMemoryUpdate, CompactionEvent, Heartbeat, Usage,
+        ThreadLifecycle,
+        ErrorEvent,
+        TextDelta,
+        ThinkingDelta,
+        ContentBlockStart,
+        ContentBlockStop,
+        ToolCall,
+        ToolResult,
+        HitlRequest,
+        HitlResolved,
+        WorkingMemoryUpdate,
+        CompactionEvent,
+        Heartbeat,
+        Usage,
     )
 )
 
@@ -171,8 +184,7 @@ def envelope_json(task_id: str, turn_id: str | None, seq: int, timestamp: int, b
     """
     turn = "null" if turn_id is None else f'"{turn_id}"'
     return (
-        f'{{"task_id":"{task_id}","turn_id":{turn},"seq":{seq},"timestamp":{timestamp},'
-        + body[1:]
+        f'{{"task_id":"{task_id}","turn_id":{turn},"seq":{seq},"timestamp":{timestamp},' + body[1:]
     )
 
 

@@ -75,7 +75,9 @@ class WireServer:
         self.url = f"http://127.0.0.1:{self.port}"
         app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["POST", "GET"])])
         self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+            uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+            )
         )
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 

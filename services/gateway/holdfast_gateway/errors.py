@@ -71,9 +71,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         details = _validation_details(exc)
-        return JSONResponse(
-            error_body(ErrorCode.INVALID_REQUEST, _summary(details), details), 422
-        )
+        return JSONResponse(error_body(ErrorCode.INVALID_REQUEST, _summary(details), details), 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -129,9 +129,7 @@ class Hub:
             tail = self._tails.get(task_id) if task_id else None
             if tail is None:
                 continue  # every subscriber left while we were reading
-            events = [
-                LoggedEvent(int(eid.split("-", 1)[0]), f["t"], f["d"]) for eid, f in entries
-            ]
+            events = [LoggedEvent(int(eid.split("-", 1)[0]), f["t"], f["d"]) for eid, f in entries]
             tail.cursor = events[-1].seq
             for sub in tail.subscribers:
                 if sub.overflowed:

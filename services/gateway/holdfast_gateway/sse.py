@@ -29,9 +29,7 @@ class _Progress:
     def __init__(self, after_seq: int, stop_turn: str | None) -> None:
         self.last = after_seq
         self.done = False
-        self._terminal_marker = (
-            f'"turn_id":"{stop_turn}"' if stop_turn is not None else None
-        )
+        self._terminal_marker = f'"turn_id":"{stop_turn}"' if stop_turn is not None else None
 
     def take(self, events: Iterable[LoggedEvent]) -> str:
         """Frames for the events not sent yet, stopping after the terminal one."""

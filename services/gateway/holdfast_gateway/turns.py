@@ -16,8 +16,8 @@ from typing import Any
 from holdfast_shared.conversation import user_content
 from holdfast_shared.db.models import Message, Task, Turn
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
 from holdfast_shared.eventlog import LoggedEvent
+from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
 from holdfast_shared.ids import new_id
 from holdfast_shared.jobs import TurnJob
 from sqlalchemy.dialects.postgresql import insert

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from holdfast_shared.events import _Event, body_json
 from holdfast_shared.eventlog import EventLog
+from holdfast_shared.events import _Event, body_json
 
 # Past this many queued events, emit() waits for the writer (backpressure).
 _HIGH_WATER = 2000
@@ -27,7 +27,7 @@ class Emitter:
         self.last_seq = 0
 
     async def emit(self, event: _Event) -> None:
-        self._pending.append((event.type, body_json(event)))  # type: ignore[attr-defined]
+        self._pending.append((event.type, body_json(event)))
         if self._writer is None or self._writer.done():
             if self._writer is not None:
                 self._writer.result()  # surface a failed write now

@@ -62,8 +62,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     )
     archiver = Archiver(eventlog, settings.archive_interval_seconds)
     archiver.start()
-    log.info("loop-worker %s ready (default model: %s)", consumer.consumer_name,
-             settings.model or "scripted")
+    log.info(
+        "loop-worker %s ready (default model: %s)",
+        consumer.consumer_name,
+        settings.model or "scripted",
+    )
     try:
         await consumer.run(stop)
     finally:

@@ -124,7 +124,9 @@ class TurnRunner:
             return await self._fail(ErrorCode.UNKNOWN_MODEL, str(exc), None)
         except Exception as exc:
             log.exception("turn %s failed", self.job.turn_id)
-            return await self._fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", None)
+            return await self._fail(
+                ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", None
+            )
         await self._emit_usage()
         await self.emitter.emit(ThreadLifecycle(phase="completed", stop_reason=stop_reason))
         await self.emitter.drain()
@@ -159,14 +161,14 @@ class TurnRunner:
             elif isinstance(item, ToolInputChunk):
                 blocks[item.index].partial_json.append(item.partial_json)
             elif isinstance(item, BlockStart):
-                blocks[item.index] = _Block(item.block_type, tool_name=item.tool_name,
-                                            tool_call_id=item.tool_call_id)
+                blocks[item.index] = _Block(
+                    item.block_type, tool_name=item.tool_name, tool_call_id=item.tool_call_id
+                )
                 await emit(ContentBlockStart(block_index=item.index, block_type=item.block_type))
             elif isinstance(item, BlockStop):
                 block = blocks[item.index]
                 block.signature = item.signature
-                await emit(ContentBlockStop(block_index=item.index,
-                                            block_type=block.block_type))  # type: ignore[arg-type]
+                await emit(ContentBlockStop(block_index=item.index, block_type=block.block_type))  # type: ignore[arg-type]
             elif isinstance(item, UsageReport):
                 self.usage.add(item)
             elif isinstance(item, Finish):

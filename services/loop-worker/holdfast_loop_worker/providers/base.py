@@ -83,7 +83,9 @@ class Finish:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-ModelEvent = BlockStart | TextChunk | ThinkingChunk | ToolInputChunk | BlockStop | UsageReport | Finish
+ModelEvent = (
+    BlockStart | TextChunk | ThinkingChunk | ToolInputChunk | BlockStop | UsageReport | Finish
+)
 
 
 class Provider(Protocol):

@@ -40,7 +40,9 @@ class StreamInterrupted(ProviderError):
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, ProviderError) and not isinstance(exc, StreamInterrupted) and exc.retryable
+    return (
+        isinstance(exc, ProviderError) and not isinstance(exc, StreamInterrupted) and exc.retryable
+    )
 
 
 class _WaitHonouringRetryAfter:

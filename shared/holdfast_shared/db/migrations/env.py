@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from holdfast_shared.db.models import Base
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
-
-from holdfast_shared.db.models import Base
 
 config = context.config
 target_metadata = Base.metadata
