@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,8 +32,71 @@ class TurnJob(BaseModel):
         return {self.FIELD: self.model_dump_json()}
 
     @classmethod
-    def from_fields(cls, fields: dict[bytes, bytes] | dict[str, str]) -> TurnJob:
-        raw = dict(fields).get(cls.FIELD)  # type: ignore[call-overload]
+    def from_fields(cls, fields: dict[str, str]) -> TurnJob:
+        raw = fields.get(cls.FIELD)
         if raw is None:
             raise ValueError("turn job entry has no 'job' field")
+        return cls.model_validate_json(raw)
+
+
+class ToolCallJob(BaseModel):
+    """One tool call for the tool-runners (``Keys.tools``).
+
+    ``reply_to`` is the inbox stream of the loop-worker waiting for it; the
+    durable answer is the ``tool_results`` row, so a reply that finds no
+    listener is not lost.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    turn_id: str
+    tool_call_id: str
+    tool: str
+    input: dict[str, Any]
+    reply_to: str
+    network: bool = False
+    timeout_seconds: float = 60.0
+
+    FIELD: ClassVar[str] = "job"
+
+    def to_fields(self) -> dict[str, str]:
+        return {self.FIELD: self.model_dump_json()}
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> ToolCallJob:
+        raw = fields.get(cls.FIELD)
+        if raw is None:
+            raise ValueError("tool call entry has no 'job' field")
+        return cls.model_validate_json(raw)
+
+
+class ToolOutcome(BaseModel):
+    """What a tool call produced: ``output`` for the model, ``error`` when it failed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    output: Any = None
+    error: str | None = None
+
+
+class InboxMessage(BaseModel):
+    """A reply to a loop-worker: a tool outcome or a HITL answer, by correlation id."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["tool_result", "hitl_answer"]
+    correlation_id: str
+    payload: dict[str, Any]
+
+    FIELD: ClassVar[str] = "msg"
+
+    def to_fields(self) -> dict[str, str]:
+        return {self.FIELD: self.model_dump_json()}
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> InboxMessage:
+        raw = fields.get(cls.FIELD)
+        if raw is None:
+            raise ValueError("inbox entry has no 'msg' field")
         return cls.model_validate_json(raw)

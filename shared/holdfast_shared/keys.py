@@ -34,6 +34,15 @@ class Keys:
         """Sorted set of task ids whose events are not all in PostgreSQL yet."""
         return f"{self.prefix}archive:dirty"
 
+    @property
+    def providers(self) -> str:
+        """Sorted set: model providers some live loop-worker can run, scored by expiry (ms)."""
+        return f"{self.prefix}providers"
+
+    def worker_inbox(self, worker_id: str) -> str:
+        """A loop-worker's inbox: tool results and HITL answers for its turns."""
+        return f"{self.prefix}worker:{worker_id}:inbox"
+
     def gateway_wake(self, gateway_id: str) -> str:
         """Stream a gateway's tailer also blocks on, so a new subscriber can wake it."""
         return f"{self.prefix}gateway:{gateway_id}:wake"

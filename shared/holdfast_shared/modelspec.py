@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KNOWN_PROVIDERS = frozenset({"scripted"})
+# Real providers in the order the default model is picked, each with the
+# model used when a spec names only the provider.
+DEFAULT_MODELS = {
+    "anthropic": "claude-sonnet-4-5",
+    "openai": "gpt-4.1",
+    "gemini": "gemini-2.5-flash",
+}
+KNOWN_PROVIDERS = frozenset({"scripted", *DEFAULT_MODELS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,4 +29,4 @@ def parse_model_spec(spec: str) -> ModelSpec:
     if provider not in KNOWN_PROVIDERS:
         known = ", ".join(sorted(KNOWN_PROVIDERS))
         raise ValueError(f"unknown model provider {provider!r}; known providers: {known}")
-    return ModelSpec(provider, model or provider)
+    return ModelSpec(provider, model or DEFAULT_MODELS.get(provider, provider))

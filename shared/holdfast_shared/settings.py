@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,6 +39,15 @@ class Settings(BaseSettings):
     turn_deadline_seconds: int = 3600
     lease_seconds: int = 10
 
+    # Tool permissions per agent: {"<agent or *>": {"<tool>": "allow"|"ask"|"deny"}};
+    # unset tools fall back to holdfast_shared.tools.DEFAULT_PERMISSIONS.
+    tool_permissions: dict[str, dict[str, Literal["allow", "ask", "deny"]]] = {}
+    # Agents whose tools may use the network (everyone else's sandbox has none).
+    network_agents: list[str] = []
+    tool_timeout_seconds: float = 60.0
+    # Where tool-runners keep per-task workspaces (default: <data_dir>/workspaces).
+    workspace_root: Path | None = None
+
     # How many turns one loop-worker process runs at once.
     worker_concurrency: int = 64
     # The archiver copies events from Redis to PostgreSQL at this pace.
@@ -51,6 +61,20 @@ class Settings(BaseSettings):
         if "{" in value or "}" in value:
             raise ValueError("redis_prefix must not contain '{' or '}'")
         return value
+
+    def permission(self, agent: str | None, tool: str) -> Literal["allow", "ask", "deny"]:
+        """The policy for ``tool`` under ``agent``: the agent's, then ``*``'s, then the default."""
+        from holdfast_shared.tools import DEFAULT_PERMISSIONS
+
+        for scope in (agent or "*", "*"):
+            rule = self.tool_permissions.get(scope, {}).get(tool)
+            if rule is not None:
+                return rule
+        return DEFAULT_PERMISSIONS.get(tool, "ask")
+
+    @property
+    def workspaces(self) -> Path:
+        return self.workspace_root or self.data_dir / "workspaces"
 
     def require_urls(self) -> tuple[str, str]:
         """The Redis and database URLs, or a clear error naming what is missing."""

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from holdfast_shared.conversation import user_content
-from holdfast_shared.db.models import Message, Task, Turn
+from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
 from holdfast_shared.ids import new_id
 from holdfast_shared.jobs import TurnJob
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 
 from holdfast_gateway.errors import ApiError
@@ -55,6 +56,29 @@ async def _get_or_create_task(
     return False
 
 
+async def _refuse_busy(state: GatewayState, task_id: str) -> NoReturn:
+    running = await state.lock.holder(task_id)
+    async with state.sessions() as session:
+        waiting = await session.scalar(
+            select(HitlRequestRecord.request_id)
+            .where(HitlRequestRecord.task_id == task_id, HitlRequestRecord.status == "pending")
+            .limit(1)
+        )
+    if waiting is not None:
+        raise ApiError(
+            409,
+            ErrorCode.HITL_REQUIRED,
+            f"task {task_id!r} waits for an answer to {waiting}; POST /hitl/respond first",
+            {"task_id": task_id, "turn_id": running, "request_id": waiting},
+        )
+    raise ApiError(
+        409,
+        ErrorCode.TURN_IN_PROGRESS,
+        f"task {task_id!r} already has a running turn; replay it or wait for it to end",
+        {"task_id": task_id, "turn_id": running},
+    )
+
+
 async def start_turn(
     state: GatewayState,
     tenant_id: str,
@@ -70,13 +94,7 @@ async def start_turn(
     new_task = await _get_or_create_task(state, tenant_id, task_id, agent, model)
     turn_id = new_id("turn")
     if not await state.lock.acquire(task_id, turn_id):
-        running = await state.lock.holder(task_id)
-        raise ApiError(
-            409,
-            ErrorCode.TURN_IN_PROGRESS,
-            f"task {task_id!r} already has a running turn; replay it or wait for it to end",
-            {"task_id": task_id, "turn_id": running},
-        )
+        await _refuse_busy(state, task_id)
     appended = None
     try:
         async with state.sessions.begin() as session:

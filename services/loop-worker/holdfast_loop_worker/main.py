@@ -1,9 +1,12 @@
 """loop-worker entry point.
 
-Consumes: turn jobs (``Keys.turns``, group ``loop-workers``).
-Produces: the turn's events in the task's event log; assistant messages and
-turn status in PostgreSQL; the archived copy of every event log (each worker
-also runs an :class:`~holdfast_shared.eventlog.Archiver`).
+Consumes: turn jobs (``Keys.turns``, group ``loop-workers``); replies to its
+turns on its inbox (tool results, HITL answers).
+Produces: the turn's events in the task's event log; tool calls on
+``Keys.tools``; assistant messages, tool results and turn status in
+PostgreSQL; the archived copy of every event log (each worker also runs an
+:class:`~holdfast_shared.eventlog.Archiver`); its providers in
+``Keys.providers``.
 Guarantees: a job is acknowledged only after its turn ended with a terminal
 lifecycle event; SIGTERM stops taking jobs and lets running turns finish.
 """
@@ -11,11 +14,13 @@ lifecycle event; SIGTERM stops taking jobs and lets running turns finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 
+from holdfast_shared.availability import REFRESH_SECONDS, advertise
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
@@ -23,53 +28,81 @@ from holdfast_shared.logs import configure_logging
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.turnlock import TurnLock
+from redis.asyncio import Redis
 
 from holdfast_loop_worker.consumer import TurnConsumer
+from holdfast_loop_worker.hitl import HumanChannel
+from holdfast_loop_worker.inbox import Inbox
 from holdfast_loop_worker.providers import ProviderRegistry
+from holdfast_loop_worker.toolcalls import ToolCaller
 from holdfast_loop_worker.turn import TurnContext
 
 log = logging.getLogger(__name__)
 
 
+async def _advertise_forever(redis: Redis, keys: Keys, names: list[str]) -> None:
+    while True:
+        try:
+            await advertise(redis, keys, names)
+        except Exception:
+            log.warning("could not advertise providers; retrying", exc_info=True)
+        await asyncio.sleep(REFRESH_SECONDS)
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     redis_url, database_url = settings.require_urls()
+    providers = ProviderRegistry.from_env(os.environ, settings.model)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    worker_id = f"{socket.gethostname()}-{os.getpid()}"
     redis = connect(redis_url)
     engine = create_engine(database_url, pool_size=settings.worker_concurrency // 4 + 2)
     sessions = session_factory(engine)
     keys = Keys(settings.redis_prefix)
     eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active)
-    providers = ProviderRegistry.default()
+    inbox = Inbox(redis, keys, worker_id)
+    tools = ToolCaller(
+        redis,
+        keys,
+        sessions,
+        inbox,
+        HumanChannel(sessions, inbox, ttl_seconds=settings.channel_state_ttl_hitl),
+        permission=settings.permission,
+        network_agents=frozenset(settings.network_agents),
+        timeout_seconds=settings.tool_timeout_seconds,
+    )
     ctx = TurnContext(
         sessions=sessions,
         eventlog=eventlog,
         providers=providers,
-        default_model=settings.model,
+        default_model=providers.default_model,
         max_iterations=settings.max_iterations,
+        tools=tools,
     )
     lock = TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds)
     consumer = TurnConsumer(
-        redis,
-        keys,
-        ctx,
-        lock,
-        consumer_name=f"{socket.gethostname()}-{os.getpid()}",
-        concurrency=settings.worker_concurrency,
+        redis, keys, ctx, lock, consumer_name=worker_id, concurrency=settings.worker_concurrency
     )
     archiver = Archiver(eventlog, settings.archive_interval_seconds)
     archiver.start()
+    inbox.start()
+    advertiser = asyncio.create_task(_advertise_forever(redis, keys, providers.names))
     log.info(
-        "loop-worker %s ready (default model: %s)",
-        consumer.consumer_name,
-        settings.model or "scripted",
+        "loop-worker %s ready; default model %s; providers: %s",
+        worker_id,
+        providers.default_model,
+        ", ".join(providers.names),
     )
     try:
         await consumer.run(stop)
     finally:
+        advertiser.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await advertiser
+        await inbox.stop()
         await archiver.stop()
         await redis.aclose()
         await engine.dispose()

@@ -132,3 +132,53 @@ class ChannelStateSnapshot(Base):
     state: Mapped[dict[str, Any]] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class ToolResultRecord(Base):
+    """A tool call's outcome, keyed by the model's call id: the idempotency record.
+
+    A row is claimed (``running``) before the tool runs and completed after,
+    so a redelivered call finds it and never runs the tool twice.
+    """
+
+    __tablename__ = "tool_results"
+
+    # Scoped by task: a call id repeated by a model in another task must never
+    # return this task's result.
+    task_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tool_call_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    turn_id: Mapped[str] = mapped_column(String(64))
+    tool: Mapped[str] = mapped_column(String(128))
+    input: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # running | done
+    status: Mapped[str] = mapped_column(String(16))
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    runner: Mapped[str | None] = mapped_column(String(128))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class HitlRequestRecord(Base):
+    """A question to the user (a permission prompt or the model's own question)."""
+
+    __tablename__ = "hitl_requests"
+    __table_args__ = (Index("ix_hitl_tenant_status", "tenant_id", "status"),)
+
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    task_id: Mapped[str] = mapped_column(String(128), index=True)
+    turn_id: Mapped[str] = mapped_column(String(64))
+    # permission | question
+    kind: Mapped[str] = mapped_column(String(16))
+    question: Mapped[str] = mapped_column(Text)
+    tool_call: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # pending | answered | expired
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    answer: Mapped[str | None] = mapped_column(Text)
+    feedback: Mapped[str | None] = mapped_column(Text)
+    # The inbox of the worker waiting for the answer.
+    reply_to: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    answered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

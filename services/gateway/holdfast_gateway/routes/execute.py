@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
+from holdfast_shared.availability import available_providers
+from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.modelspec import parse_model_spec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
 from holdfast_gateway.deps import StateDep, TenantDep
-from holdfast_gateway.sse import event_frames, sse_response
+from holdfast_gateway.errors import ApiError
+from holdfast_gateway.sse import event_frames, frame, sse_response
 from holdfast_gateway.turns import start_turn
 
 router = APIRouter()
@@ -46,6 +50,8 @@ class ExecuteRequest(BaseModel):
 async def execute(
     state: StateDep, tenant: TenantDep, request: Annotated[ExecuteRequest, Body()]
 ) -> EventSourceResponse:
+    if request.model is not None:
+        await _require_provider(state, request.model)
     turn = await start_turn(
         state,
         tenant,
@@ -57,9 +63,7 @@ async def execute(
         direct=request.direct,
     )
 
-    async def frames() -> Any:
-        from holdfast_gateway.sse import frame
-
+    async def frames() -> AsyncIterator[str]:
         yield frame(turn.started)
         async for chunk in event_frames(
             state.hub, state.eventlog, turn.task_id, turn.started.seq, stop_turn=turn.turn_id
@@ -72,3 +76,15 @@ async def execute(
         state.settings.heartbeat_seconds,
         headers={"X-Task-Id": turn.task_id, "X-Turn-Id": turn.turn_id},
     )
+
+
+async def _require_provider(state: StateDep, model: str) -> None:
+    provider = parse_model_spec(model).provider
+    if provider not in await available_providers(state.redis, state.keys):
+        raise ApiError(
+            422,
+            ErrorCode.MODEL_UNAVAILABLE,
+            f"no running loop-worker can serve provider {provider!r}: "
+            "set its API key in the loop-workers' environment",
+            {"model": model},
+        )

@@ -13,17 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.tools import ToolSpec as ToolSpec  # re-exported for providers
 
 BlockType = Literal["text", "thinking", "tool_use"]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool declared once, as JSON Schema; providers translate it."""
-
-    name: str
-    description: str
-    input_schema: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from holdfast_loop_worker.providers.base import (
     ProviderError,
     TextChunk,
     ThinkingChunk,
+    ToolInputChunk,
     UsageReport,
 )
 
@@ -54,9 +56,17 @@ class ScriptedProvider:
     name = "scripted"
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        user_messages = [m for m in request.messages if m.role == "user"]
+        last = request.messages[-1] if request.messages else None
+        results = [b for b in (last.blocks if last else ()) if b.get("type") == "tool_result"]
+        user_messages = [m for m in request.messages if m.role == "user" and m.text]
         latest = user_messages[-1].text if user_messages else ""
-        script = self._script(latest, [m.text for m in user_messages[:-1]])
+        if results:
+            summary = [
+                {k: r.get(k) for k in ("output", "error") if r.get(k) is not None} for r in results
+            ]
+            script: dict[str, Any] = {"text": "Tool results: " + json.dumps(summary)}
+        else:
+            script = self._script(latest, [m.text for m in user_messages[:-1]])
         delay = float(script.get("delay_ms", 0)) / 1000
         index = 0
         output_tokens = 0
@@ -74,22 +84,37 @@ class ScriptedProvider:
         if "deltas" in script:
             chunks = [text] * int(script["deltas"])
         else:
-            chunks = _words(text)
-        yield BlockStart(index, "text")
-        for chunk in chunks:
-            if delay:
-                await asyncio.sleep(delay)
-            yield TextChunk(index, chunk)
-        yield BlockStop(index)
-        output_tokens += sum(_count_tokens(c) for c in chunks)
+            chunks = _words(text) if text else []
+        if chunks:
+            yield BlockStart(index, "text")
+            for chunk in chunks:
+                if delay:
+                    await asyncio.sleep(delay)
+                yield TextChunk(index, chunk)
+            yield BlockStop(index)
+            output_tokens += sum(_count_tokens(c) for c in chunks)
+        else:
+            index -= 1  # no text block: tool blocks number from here
 
         if script.get("fail"):
             raise ProviderError("LLM_PROVIDER_ERROR", str(script["fail"]))
 
+        calls = script.get("tool_calls") or []
+        for call in calls:
+            index += 1
+            yield BlockStart(
+                index,
+                "tool_use",
+                tool_name=str(call["name"]),
+                tool_call_id=f"call_{secrets.token_hex(8)}",
+            )
+            yield ToolInputChunk(index, json.dumps(call.get("input", {})))
+            yield BlockStop(index)
+
         input_tokens = sum(_count_tokens(m.text) for m in request.messages)
         input_tokens += _count_tokens(request.system)
         yield UsageReport(input_tokens=input_tokens, output_tokens=output_tokens)
-        yield Finish(str(script.get("stop_reason", "end_turn")))
+        yield Finish("tool_use" if calls else str(script.get("stop_reason", "end_turn")))
 
     @staticmethod
     def _script(latest: str, earlier: list[str]) -> dict[str, Any]:

@@ -1,0 +1,137 @@
+"""Human-in-the-loop: ``GET /hitl/pending`` and ``POST /hitl/respond``.
+
+An answer is recorded first (a conditional update, so two answers cannot
+both win) and then sent to the inbox of the worker whose turn waits for it;
+that worker emits ``hitl_resolved`` and goes on.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+from holdfast_shared.db.models import HitlRequestRecord
+from holdfast_shared.errors import ErrorCode
+from holdfast_shared.ids import ID_PATTERN
+from holdfast_shared.jobs import InboxMessage
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select, update
+
+from holdfast_gateway.deps import StateDep, TenantDep
+from holdfast_gateway.errors import ApiError
+
+router = APIRouter()
+
+
+class HitlAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: Annotated[str, Field(pattern=ID_PATTERN)]
+    request_id: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
+    answer: Annotated[str, Field(min_length=1, max_length=100_000)]
+    feedback: Annotated[str | None, Field(max_length=100_000)] = None
+    content_blocks: list[dict[str, Any]] | None = None
+
+
+def _ms(value: datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def _describe(row: HitlRequestRecord) -> dict[str, Any]:
+    return {
+        "request_id": row.request_id,
+        "task_id": row.task_id,
+        "turn_id": row.turn_id,
+        "kind": row.kind,
+        "question": row.question,
+        "tool_call": row.tool_call,
+        "created_at": _ms(row.created_at),
+        "expires_at": _ms(row.expires_at),
+    }
+
+
+@router.get("/hitl/pending", summary="Questions waiting for an answer from this tenant")
+async def pending(
+    state: StateDep,
+    tenant: TenantDep,
+    task_id: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
+) -> dict[str, Any]:
+    query = (
+        select(HitlRequestRecord)
+        .where(
+            HitlRequestRecord.tenant_id == tenant,
+            HitlRequestRecord.status == "pending",
+            HitlRequestRecord.expires_at > datetime.now(UTC),
+        )
+        .order_by(HitlRequestRecord.created_at)
+    )
+    if task_id is not None:
+        query = query.where(HitlRequestRecord.task_id == task_id)
+    async with state.sessions() as session:
+        rows = (await session.scalars(query)).all()
+    return {"pending": [_describe(row) for row in rows]}
+
+
+@router.post("/hitl/respond", summary="Answer a pending permission prompt or question")
+async def respond(
+    state: StateDep, tenant: TenantDep, body: Annotated[HitlAnswer, Body()]
+) -> dict[str, str]:
+    row = await _find(state, tenant, body)
+    if row.kind == "permission" and body.answer.strip().lower() not in ("yes", "no"):
+        raise ApiError(
+            422,
+            ErrorCode.INVALID_REQUEST,
+            "a permission request is answered with 'yes' or 'no'",
+            {"request_id": row.request_id},
+        )
+    now = datetime.now(UTC)
+    if row.status == "pending" and row.expires_at <= now:
+        raise ApiError(410, ErrorCode.HITL_EXPIRED, f"request {row.request_id} has expired")
+    async with state.sessions.begin() as session:
+        reply_to = await session.scalar(
+            update(HitlRequestRecord)
+            .where(
+                HitlRequestRecord.request_id == row.request_id,
+                HitlRequestRecord.status == "pending",
+            )
+            .values(status="answered", answer=body.answer, feedback=body.feedback, answered_at=now)
+            .returning(HitlRequestRecord.reply_to)
+        )
+    if reply_to is None:
+        raise ApiError(
+            409, ErrorCode.HITL_ALREADY_ANSWERED, f"request {row.request_id} was already answered"
+        )
+    message = InboxMessage(
+        kind="hitl_answer",
+        correlation_id=row.request_id,
+        payload={
+            "answer": body.answer,
+            "feedback": body.feedback,
+            "content_blocks": body.content_blocks,
+        },
+    )
+    await state.redis.xadd(reply_to, message.to_fields())
+    return {"status": "resumed", "request_id": row.request_id}
+
+
+async def _find(state: StateDep, tenant: str, body: HitlAnswer) -> HitlRequestRecord:
+    query = select(HitlRequestRecord).where(
+        HitlRequestRecord.tenant_id == tenant, HitlRequestRecord.task_id == body.task_id
+    )
+    if body.request_id is not None:
+        query = query.where(HitlRequestRecord.request_id == body.request_id)
+    else:
+        # Without an id, the task's open request is meant (the newest one).
+        query = query.where(HitlRequestRecord.status == "pending")
+    async with state.sessions() as session:
+        row = await session.scalar(query.order_by(HitlRequestRecord.created_at.desc()).limit(1))
+    if row is None:
+        raise ApiError(404, ErrorCode.HITL_NOT_FOUND, "no pending request matches")
+    if row.status == "answered":
+        raise ApiError(
+            409, ErrorCode.HITL_ALREADY_ANSWERED, f"request {row.request_id} was already answered"
+        )
+    if row.status == "expired":
+        raise ApiError(410, ErrorCode.HITL_EXPIRED, f"request {row.request_id} has expired")
+    return row

@@ -1,0 +1,74 @@
+"""A loop-worker's inbox: replies to its turns, delivered to whoever awaits them.
+
+Tool-runners and the gateway answer a waiting turn by appending an
+:class:`~holdfast_shared.jobs.InboxMessage` to ``Keys.worker_inbox``; one
+reader per process resolves the future registered under the message's
+correlation id. Register with :meth:`expect` *before* sending the request, so
+a fast reply cannot arrive unheard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from holdfast_shared.jobs import InboxMessage
+from holdfast_shared.keys import Keys
+from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+
+
+class Inbox:
+    def __init__(self, redis: Redis, keys: Keys, worker_id: str) -> None:
+        self.redis = redis
+        self.stream = keys.worker_inbox(worker_id)
+        self._waiting: dict[str, asyncio.Future[InboxMessage]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="inbox")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self.redis.delete(self.stream)
+
+    def expect(self, correlation_id: str) -> asyncio.Future[InboxMessage]:
+        future: asyncio.Future[InboxMessage] = asyncio.get_running_loop().create_future()
+        self._waiting[correlation_id] = future
+        return future
+
+    def forget(self, correlation_id: str) -> None:
+        self._waiting.pop(correlation_id, None)
+
+    async def _run(self) -> None:
+        cursor = "0-0"
+        while True:
+            try:
+                response = await self.redis.xread({self.stream: cursor}, count=100, block=5000)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("inbox read failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            for _key, entries in response or []:
+                for entry_id, fields in entries:
+                    cursor = entry_id
+                    self._deliver(fields)
+                await self.redis.xtrim(self.stream, minid=cursor)
+
+    def _deliver(self, fields: dict[str, str]) -> None:
+        try:
+            message = InboxMessage.from_fields(fields)
+        except ValueError:
+            log.error("dropping malformed inbox entry %r", fields)
+            return
+        future = self._waiting.pop(message.correlation_id, None)
+        if future is not None and not future.done():
+            future.set_result(message)

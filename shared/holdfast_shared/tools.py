@@ -1,0 +1,82 @@
+"""The tool catalogue: declared once as JSON Schema, translated per provider.
+
+The loop-worker offers these to the model; the tool-runner executes them.
+``DEFAULT_PERMISSIONS`` is the policy when an agent sets none: reads run,
+anything that writes or executes asks the user first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Permission = Literal["allow", "ask", "deny"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+_PATH = {"type": "string", "description": "Path relative to the task's workspace."}
+
+BASH = ToolSpec(
+    "bash",
+    "Run a shell command in the task's sandboxed workspace. Returns exit code, stdout and "
+    "stderr (each capped).",
+    _schema(
+        {
+            "command": {"type": "string", "description": "The command, run with bash -c."},
+            "timeout": {
+                "type": "number",
+                "description": "Seconds before the command is killed (default 60, max 600).",
+            },
+        },
+        ["command"],
+    ),
+)
+READ_FILE = ToolSpec(
+    "read_file",
+    "Read a UTF-8 text file from the workspace.",
+    _schema({"path": _PATH}, ["path"]),
+)
+WRITE_FILE = ToolSpec(
+    "write_file",
+    "Create or overwrite a file in the workspace with the given content.",
+    _schema({"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
+)
+EDIT_FILE = ToolSpec(
+    "edit_file",
+    "Replace one exact occurrence of old_string with new_string in a workspace file.",
+    _schema(
+        {"path": _PATH, "old_string": {"type": "string"}, "new_string": {"type": "string"}},
+        ["path", "old_string", "new_string"],
+    ),
+)
+LIST_DIR = ToolSpec(
+    "list_dir",
+    "List the entries of a workspace directory (default: the workspace root).",
+    _schema({"path": _PATH}, []),
+)
+
+BUILTIN_TOOLS: tuple[ToolSpec, ...] = (BASH, READ_FILE, WRITE_FILE, EDIT_FILE, LIST_DIR)
+BUILTIN_BY_NAME = {tool.name: tool for tool in BUILTIN_TOOLS}
+
+DEFAULT_PERMISSIONS: dict[str, Permission] = {
+    "read_file": "allow",
+    "list_dir": "allow",
+    "bash": "ask",
+    "write_file": "ask",
+    "edit_file": "ask",
+}
