@@ -104,6 +104,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await advertiser
         await inbox.stop()
         await archiver.stop()
+        await providers.aclose()
         await redis.aclose()
         await engine.dispose()
     log.info("loop-worker stopped")

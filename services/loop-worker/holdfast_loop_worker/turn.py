@@ -109,6 +109,7 @@ class _Block:
     block_type: str
     text: str = ""
     signature: str | None = None
+    redacted: str | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
     partial_json: list[str] = field(default_factory=list)
@@ -135,6 +136,8 @@ class _Block:
         block: dict[str, Any] = {"type": self.block_type, "text": self.text}
         if self.signature:
             block["signature"] = self.signature
+        if self.redacted is not None:
+            block["redacted"] = self.redacted
         return block
 
 
@@ -229,6 +232,7 @@ class TurnRunner:
                         ContentBlockStart(block_index=item.index, block_type=item.block_type)
                     )
                 elif isinstance(item, BlockStop):
+                    blocks[item.index].redacted = item.redacted
                     await self._close(item.index, blocks[item.index], item.signature)
                 elif isinstance(item, UsageReport):
                     self.usage.add(item)

@@ -58,6 +58,8 @@ class BlockStop:
     index: int
     # Set for thinking blocks whose provider signs them (sent back verbatim).
     signature: str | None = None
+    # Opaque data of a redacted thinking block (Anthropic), sent back verbatim.
+    redacted: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,13 @@ class ProviderRegistry:
         )
         return cls(providers, default)
 
+    async def aclose(self) -> None:
+        """Close the providers' HTTP clients (those that have one)."""
+        for provider in self._providers.values():
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                await close()
+
     def resolve(self, spec: str | None) -> ModelChoice:
         """``"anthropic:claude-…"`` → provider and model; ``None`` → the default."""
         try:
