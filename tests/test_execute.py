@@ -178,3 +178,57 @@ async def test_messages_are_stored(
     assert rows[1].content["blocks"][0]["text"] == "You said: store me"
     async with sessions() as session:
         assert await session.scalar(select(func.count()).select_from(Message)) >= 2
+
+
+async def test_stream_failure_after_output_leaves_a_consistent_view(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    async with httpx.AsyncClient(timeout=30) as client:
+        broken = await execute(
+            client, engine.url, key, {"message": script(text="partial ", deltas=3, fail="boom")}
+        )
+        task_id = broken.headers["x-task-id"]
+        after = await execute(
+            client, engine.url, key, {"message": "still there?", "task_id": task_id}
+        )
+    # The block that was open is closed, then the error, then errored: the
+    # text already shown stays and is not repeated by a retry.
+    assert broken.types == [
+        "thread_lifecycle",
+        "content_block_start",
+        "text_delta",
+        "text_delta",
+        "text_delta",
+        "content_block_stop",
+        "error",
+        "thread_lifecycle",
+    ]
+    error = broken.events[-2]
+    assert error["error"] == "LLM_PROVIDER_ERROR"
+    assert error["details"]["partial_output"] is True
+    assert broken.events[-1]["phase"] == "errored"
+    assert_gapless(broken)
+    # The task takes its next message.
+    assert after.events[-1]["phase"] == "completed"
+    assert after.text.startswith("You said: still there?")
+
+
+async def test_model_no_worker_serves_is_422(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(base_url=engine.url) as client:
+        response = await client.post(
+            "/execute",
+            json={"message": "hi", "model": "gemini:gemini-2.5-pro"},
+            headers={"X-Engine-Key": api_keys["main"]},
+        )
+        scripted = await client.post(
+            "/execute",
+            json={"message": "hi", "model": "scripted"},
+            headers={"X-Engine-Key": api_keys["main"]},
+        )
+        await scripted.aread()
+    assert response.status_code == 422
+    assert response.json()["error"] == "MODEL_UNAVAILABLE"
+    assert scripted.status_code == 200

@@ -23,6 +23,9 @@ class ChatMessage:
     blocks: tuple[dict[str, Any], ...]
     turn_id: str = ""
     media: tuple[dict[str, Any], ...] = field(default=())
+    # The provider that produced an assistant message: signatures and
+    # thinking are only meaningful to (and accepted by) that provider.
+    provider: str | None = None
 
     @property
     def text(self) -> str:
@@ -51,6 +54,27 @@ async def load_history(session: AsyncSession, task_id: str) -> list[ChatMessage]
             blocks=tuple(content.get("blocks", ())),
             turn_id=turn_id,
             media=tuple(content.get("media", ())),
+            provider=content.get("provider"),
         )
         for role, content, turn_id in rows
     ]
+
+
+def for_provider(messages: list[ChatMessage], provider: str) -> list[ChatMessage]:
+    """The history as ``provider`` may see it.
+
+    Thinking blocks and signatures from another provider are dropped: they
+    are opaque to it, and providers reject signatures they did not issue.
+    """
+    out: list[ChatMessage] = []
+    for message in messages:
+        if message.role != "assistant" or message.provider in (None, provider):
+            out.append(message)
+            continue
+        blocks = tuple(
+            {k: v for k, v in block.items() if k != "signature"}
+            for block in message.blocks
+            if block.get("type") != "thinking"
+        )
+        out.append(ChatMessage(message.role, blocks, message.turn_id, message.media, provider))
+    return out

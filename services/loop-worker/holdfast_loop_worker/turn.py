@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from holdfast_shared.conversation import ChatMessage, load_history
+from holdfast_shared.conversation import ChatMessage, for_provider, load_history
 from holdfast_shared.db.models import Message, Task, Turn
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import EventLog
@@ -127,12 +127,15 @@ class _Block:
 
     def to_content(self) -> dict[str, Any]:
         if self.block_type == "tool_use":
-            return {
+            call: dict[str, Any] = {
                 "type": "tool_use",
                 "id": self.tool_call_id,
                 "name": self.tool_name,
                 "input": self.tool_input(),
             }
+            if self.signature:  # Gemini signs function calls and wants them back
+                call["signature"] = self.signature
+            return call
         block: dict[str, Any] = {"type": self.block_type, "text": self.text}
         if self.signature:
             block["signature"] = self.signature
@@ -157,6 +160,7 @@ class TurnRunner:
         self.emitter = Emitter(ctx.eventlog, job.task_id, job.turn_id)
         self.usage = _UsageTotals()
         self.position = 1
+        self.provider_name: str | None = None
 
     async def run(self) -> str:
         """Run the turn; returns the final status (``completed`` or ``errored``)."""
@@ -165,7 +169,11 @@ class TurnRunner:
         except _Interrupted as exc:
             await self._store(
                 "assistant",
-                {"blocks": [b.to_content() for b in exc.blocks], "interrupted": True},
+                {
+                    "blocks": [b.to_content() for b in exc.blocks],
+                    "interrupted": True,
+                    "provider": self.provider_name,
+                },
             )
             return await self._fail(exc.error.code, exc.error.message, exc.error.details)
         except ProviderError as exc:
@@ -185,19 +193,34 @@ class TurnRunner:
 
     async def _iterate(self) -> str:
         choice = self.ctx.providers.resolve(await self._model_spec())
+        self.provider_name = choice.provider.name
         await self._mark_running()
         async with self.ctx.sessions() as session:
             history = await load_history(session, self.job.task_id)
         tools = BUILTIN_TOOLS if self.ctx.tools is not None else ()
         for _ in range(self.ctx.max_iterations):
             request = ModelRequest(
-                model=choice.model, system=SYSTEM_PROMPT, messages=tuple(history), tools=tools
+                model=choice.model,
+                system=SYSTEM_PROMPT,
+                messages=tuple(for_provider(history, choice.provider.name)),
+                tools=tools,
             )
             stream = stream_with_retries(choice.provider, request, attempts=self.ctx.retry_attempts)
             blocks, stop_reason = await self._model_call(stream)
-            content = {"blocks": [b.to_content() for b in blocks], "stop_reason": stop_reason}
+            content = {
+                "blocks": [b.to_content() for b in blocks],
+                "stop_reason": stop_reason,
+                "provider": choice.provider.name,
+            }
             await self._store("assistant", content)
-            history.append(ChatMessage("assistant", tuple(content["blocks"]), self.job.turn_id))
+            history.append(
+                ChatMessage(
+                    "assistant",
+                    tuple(content["blocks"]),
+                    self.job.turn_id,
+                    provider=choice.provider.name,
+                )
+            )
             calls = [b for b in blocks if b.block_type == "tool_use"]
             if stop_reason != "tool_use" or not calls:
                 return stop_reason

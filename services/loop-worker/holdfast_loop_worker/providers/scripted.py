@@ -91,13 +91,16 @@ class ScriptedProvider:
                 if delay:
                     await asyncio.sleep(delay)
                 yield TextChunk(index, chunk)
+            if script.get("fail"):
+                # Mid-block, the way a dropped connection breaks a real stream.
+                raise ProviderError("LLM_PROVIDER_ERROR", str(script["fail"]), retryable=True)
             yield BlockStop(index)
             output_tokens += sum(_count_tokens(c) for c in chunks)
         else:
             index -= 1  # no text block: tool blocks number from here
 
         if script.get("fail"):
-            raise ProviderError("LLM_PROVIDER_ERROR", str(script["fail"]))
+            raise ProviderError("LLM_PROVIDER_ERROR", str(script["fail"]), retryable=True)
 
         calls = script.get("tool_calls") or []
         for call in calls:

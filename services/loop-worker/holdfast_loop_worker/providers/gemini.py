@@ -1,0 +1,469 @@
+"""The ``gemini`` provider: Google Gemini through the ``google-genai`` SDK.
+
+Consumes a :class:`ModelRequest`; produces the normalized stream of
+``base.py``. On the wire it is one ``POST /v1beta/models/{model}:
+streamGenerateContent?alt=sse`` (key in ``x-goog-api-key``) answered by
+data-only SSE lines, each a whole ``GenerateContentResponse``: a slice of
+``candidates[0].content.parts`` (``text``, ``thought: true`` summaries, whole
+``functionCall`` parts, each maybe carrying a ``thoughtSignature``), a running
+``usageMetadata`` and, on the last one, ``finishReason``.
+
+What it guarantees beyond the stream contract:
+
+* Thought signatures come out as the ``signature`` of the block whose part
+  carried them (on :class:`BlockStop`, base64) and go back on the same kind of
+  part later: Gemini rejects a replayed ``functionCall`` that lost its own.
+* The SDK neither retries nor resumes (``stream_with_retries`` does that), so
+  a failure always surfaces here as a :class:`ProviderError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google import genai
+from google.genai import errors, types
+from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.errors import ErrorCode
+
+from holdfast_loop_worker.providers.base import (
+    BlockStart,
+    BlockStop,
+    BlockType,
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    ProviderError,
+    TextChunk,
+    ThinkingChunk,
+    ToolInputChunk,
+    UsageReport,
+)
+
+API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+BASE_URL_VARIABLE = "HOLDFAST_GEMINI_BASE_URL"
+# google-genai 3.x defaults to "v1"; thought summaries, signatures and JSON
+# Schema tool parameters are documented on v1beta, so pin it (and ignore the
+# SDK's GOOGLE_GENAI_API_VERSION variable).
+API_VERSION = "v1beta"
+
+# Ids we invent for calls Gemini sent without one; never sent back, since the
+# server did not issue them (it matches responses by name and order then).
+_GENERATED_ID = re.compile(r"call_[0-9a-f]{32}")
+# Google's documented stand-in for a lost signature on Gemini 3, which
+# otherwise answers 400 to a replayed function call without one.
+_SKIP_SIGNATURE = "skip_thought_signature_validator"
+_SIGNED_MODELS = re.compile(r"(?:models/)?gemini-(\d+)")
+_CONTEXT_OVERFLOW = re.compile(
+    r"input token count|exceeds the maximum number of tokens|context (?:window|length)", re.I
+)
+_STOP_REASONS = {"STOP": "end_turn", "MAX_TOKENS": "max_tokens", "CONTINUATION": "max_tokens"}
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    # The SDK sends through httpx2 by default and httpx when configured
+    # (GOOGLE_GENAI_HTTP_CLIENT); neither wraps its exceptions.
+    found: list[type[Exception]] = []
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(name).TransportError)
+        except ImportError:
+            continue
+    return tuple(found)
+
+
+# Everything a model call can fail with that provider_error() translates.
+_CALL_ERRORS: tuple[type[Exception], ...] = (
+    errors.APIError,
+    errors.UnknownApiResponseError,
+    *_transport_errors(),
+)
+
+
+class GeminiProvider:
+    name = "gemini"
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        include_thoughts: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        """``timeout`` (seconds) bounds each request; None leaves it to the turn deadline."""
+        self.include_thoughts = include_thoughts
+        self._client = genai.Client(
+            vertexai=False,
+            api_key=api_key,
+            http_options=types.HttpOptions(
+                base_url=base_url,
+                api_version=API_VERSION,
+                timeout=None if timeout is None else int(timeout * 1000),
+                # One attempt: retrying is stream_with_retries' job.
+                retry_options=types.HttpRetryOptions(attempts=1),
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aio.aclose()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        contents = to_contents(request.messages, request.model)
+        translator = _Translator()
+        try:
+            responses = await self._client.aio.models.generate_content_stream(
+                model=request.model, contents=contents, config=self._config(request)
+            )
+            try:
+                async for response in responses:
+                    for event in translator.feed(response):
+                        yield event
+            finally:
+                # Release the connection now, not when the generator is collected.
+                aclose = getattr(responses, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        except _CALL_ERRORS as exc:
+            raise provider_error(exc) from exc
+        for event in translator.finish():
+            yield event
+
+    def _config(self, request: ModelRequest) -> types.GenerateContentConfig:
+        tools = None
+        if request.tools:
+            tools = [
+                types.Tool(
+                    function_declarations=[
+                        types.FunctionDeclaration(
+                            name=tool.name,
+                            description=tool.description,
+                            parameters_json_schema=tool.input_schema,
+                        )
+                        for tool in request.tools
+                    ]
+                )
+            ]
+        return types.GenerateContentConfig(
+            system_instruction=request.system or None,
+            max_output_tokens=request.max_tokens,
+            tools=tools,
+            thinking_config=(
+                types.ThinkingConfig(include_thoughts=True) if self.include_thoughts else None
+            ),
+            # The loop runs the tools; the SDK must neither call them nor
+            # re-request on its own (continuation would repeat streamed text).
+            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+            automatic_continuation=False,
+        )
+
+
+def from_env(environ: Mapping[str, str]) -> GeminiProvider | None:
+    """A provider when ``GEMINI_API_KEY`` (or ``GOOGLE_API_KEY``) is set, else None."""
+    api_key = next((environ[v] for v in API_KEY_VARIABLES if environ.get(v)), None)
+    if api_key is None:
+        return None
+    return GeminiProvider(api_key=api_key, base_url=environ.get(BASE_URL_VARIABLE) or None)
+
+
+# --- request: neutral blocks → Gemini contents -------------------------------
+
+
+def to_contents(messages: tuple[ChatMessage, ...], model: str) -> list[types.Content]:
+    """The history as Gemini ``contents``: ``user``/``model`` turns of parts."""
+    tool_names = {
+        b["id"]: b["name"] for m in messages for b in m.blocks if b.get("type") == "tool_use"
+    }
+    stub_lost_signatures = _requires_signatures(model)
+    contents: list[types.Content] = []
+    for message in messages:
+        if message.role == "assistant":
+            parts = _model_parts(message.blocks, stub_lost_signatures)
+            role = "model"
+        else:
+            parts = _user_parts(message.blocks, tool_names)
+            role = "user"
+        if not parts:
+            continue  # Gemini rejects a turn without parts.
+        if contents and contents[-1].role == role:
+            # Keep turns alternating, e.g. all results of one step in one turn.
+            contents[-1].parts = [*(contents[-1].parts or []), *parts]
+        else:
+            contents.append(types.Content(role=role, parts=parts))
+    return contents
+
+
+def _user_parts(blocks: tuple[dict[str, Any], ...], tool_names: dict[str, str]) -> list[types.Part]:
+    parts: list[types.Part] = []
+    for block in blocks:
+        if block.get("type") == "text" and block.get("text"):
+            parts.append(types.Part(text=block["text"]))
+        elif block.get("type") == "tool_result":
+            call_id = block["tool_use_id"]
+            if call_id not in tool_names:
+                raise ProviderError(
+                    ErrorCode.LLM_PROVIDER_ERROR,
+                    f"tool result {call_id!r} has no matching tool call in the history",
+                )
+            # Gemini's convention: "output" for a result, "error" for a failure.
+            response: dict[str, Any] = {}
+            if block.get("output") is not None:
+                response["output"] = block["output"]
+            if block.get("error"):
+                response["error"] = block["error"]
+            parts.append(
+                types.Part(
+                    function_response=types.FunctionResponse(
+                        id=_wire_id(call_id), name=tool_names[call_id], response=response
+                    )
+                )
+            )
+    return parts
+
+
+def _model_parts(
+    blocks: tuple[dict[str, Any], ...], stub_lost_signatures: bool
+) -> list[types.Part]:
+    parts: list[types.Part] = []
+    for block in blocks:
+        signature = _decode_signature(block.get("signature"))
+        kind = block.get("type")
+        if kind == "tool_use":
+            call = types.FunctionCall(
+                id=_wire_id(block["id"]), name=block["name"], args=block.get("input") or {}
+            )
+            parts.append(types.Part(function_call=call, thought_signature=signature))
+        elif kind == "thinking" and signature is not None:
+            # Unsigned summaries are dropped: Gemini reads nothing from them.
+            parts.append(
+                types.Part(text=block.get("text", ""), thought=True, thought_signature=signature)
+            )
+        elif kind == "text" and (block.get("text") or signature is not None):
+            parts.append(types.Part(text=block.get("text", ""), thought_signature=signature))
+    if stub_lost_signatures and not any(p.thought_signature for p in parts):
+        # Only the first call of a step is signed; stub it when the history lost it.
+        first_call = next((p for p in parts if p.function_call is not None), None)
+        if first_call is not None:
+            first_call.thought_signature = base64.urlsafe_b64decode(_SKIP_SIGNATURE)
+    return parts
+
+
+def _wire_id(call_id: str) -> str | None:
+    return None if _GENERATED_ID.fullmatch(call_id) else call_id
+
+
+def _requires_signatures(model: str) -> bool:
+    match = _SIGNED_MODELS.match(model)
+    return match is not None and int(match.group(1)) >= 3
+
+
+def _encode_signature(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _decode_signature(value: Any) -> bytes | None:
+    if not value:
+        return None
+    text = str(value).translate({ord("-"): "+", ord("_"): "/"})  # either base64 alphabet
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except binascii.Error:
+        return None  # Not a signature Gemini could have issued; sending it would be a 400.
+
+
+# --- response: Gemini chunks → normalized events ----------------------------
+
+
+@dataclass
+class _OpenBlock:
+    index: int
+    kind: BlockType
+    signature: str | None = None
+
+
+class _Translator:
+    """Turns the chunks of one streamed response into blocks, usage and finish."""
+
+    def __init__(self) -> None:
+        self._open: _OpenBlock | None = None
+        self._next_index = 0
+        self._called_tools = False
+        self._finish_reason: str | None = None
+        self._finish_message: str | None = None
+        self._blocked: str | None = None
+        self._usage: types.GenerateContentResponseUsageMetadata | None = None
+
+    def feed(self, response: types.GenerateContentResponse) -> list[ModelEvent]:
+        # usageMetadata is a running total for the call: keep the latest.
+        if response.usage_metadata is not None:
+            self._usage = response.usage_metadata
+        feedback = response.prompt_feedback
+        if feedback is not None and feedback.block_reason is not None:
+            self._blocked = _enum_value(feedback.block_reason)
+        if not response.candidates:
+            return []
+        candidate = response.candidates[0]
+        events: list[ModelEvent] = []
+        for part in (candidate.content.parts if candidate.content else None) or []:
+            events.extend(self._part(part))
+        if candidate.finish_reason is not None:
+            self._finish_reason = _enum_value(candidate.finish_reason)
+            self._finish_message = candidate.finish_message
+        return events
+
+    def finish(self) -> list[ModelEvent]:
+        events = self._close()
+        raw = self._finish_reason or self._blocked
+        if raw is None:
+            # A proxy or server that cut the stream short without a reset.
+            raise ProviderError(
+                ErrorCode.LLM_PROVIDER_ERROR,
+                "the Gemini stream ended without a finish reason",
+                retryable=True,
+            )
+        stop_reason = _STOP_REASONS.get(raw, "end_turn")
+        if raw == "STOP" and self._called_tools:
+            stop_reason = "tool_use"
+        extra: dict[str, Any] = {"raw_stop_reason": raw}
+        if self._finish_reason is None:
+            extra["prompt_blocked"] = True  # promptFeedback.blockReason, no candidate at all
+        if self._finish_message:
+            extra["finish_message"] = self._finish_message
+        events.append(self._usage_report())
+        events.append(Finish(stop_reason, extra))
+        return events
+
+    def _part(self, part: types.Part) -> list[ModelEvent]:
+        signature = _encode_signature(part.thought_signature) if part.thought_signature else None
+        if part.function_call is not None:
+            # Calls arrive whole: one block with its complete input JSON.
+            closed = self._close()
+            call = part.function_call
+            index = self._take_index()
+            self._called_tools = True
+            return [
+                *closed,
+                BlockStart(
+                    index,
+                    "tool_use",
+                    tool_name=call.name,
+                    tool_call_id=call.id or f"call_{uuid.uuid4().hex}",
+                ),
+                ToolInputChunk(index, json.dumps(call.args or {})),
+                BlockStop(index, signature=signature),
+            ]
+        if part.text is None or (not part.text and signature is None):
+            return []  # Parts we do not model (media, code execution) and empty keep-alives.
+        kind: BlockType = "thinking" if part.thought else "text"
+        events: list[ModelEvent] = []
+        block = self._open
+        # A signature ends its part, so text after it starts a new block.
+        if block is None or block.kind != kind or block.signature is not None:
+            events = self._close()
+            block = self._open = _OpenBlock(self._take_index(), kind)
+            events.append(BlockStart(block.index, kind))
+        if part.text:
+            chunk = ThinkingChunk if kind == "thinking" else TextChunk
+            events.append(chunk(block.index, part.text))
+        if signature is not None:
+            block.signature = signature
+        return events
+
+    def _close(self) -> list[ModelEvent]:
+        block, self._open = self._open, None
+        return [] if block is None else [BlockStop(block.index, signature=block.signature)]
+
+    def _take_index(self) -> int:
+        self._next_index += 1
+        return self._next_index - 1
+
+    def _usage_report(self) -> UsageReport:
+        usage = self._usage
+        if usage is None:
+            return UsageReport()
+        cached = usage.cached_content_token_count or 0
+        return UsageReport(
+            # promptTokenCount includes the cached prefix.
+            input_tokens=(usage.prompt_token_count or 0) - cached,
+            output_tokens=usage.candidates_token_count or 0,
+            cache_read_input_tokens=cached,
+            reasoning_tokens=usage.thoughts_token_count or 0,
+        )
+
+
+def _enum_value(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+# --- errors -------------------------------------------------------------------
+
+
+def provider_error(exc: Exception) -> ProviderError:
+    """The SDK's or transport's exception as a :class:`ProviderError`."""
+    if isinstance(exc, errors.APIError):
+        return _api_error(exc)
+    if isinstance(exc, errors.UnknownApiResponseError):
+        return ProviderError(ErrorCode.LLM_PROVIDER_ERROR, f"unreadable Gemini response: {exc}")
+    # Connection refused or reset, timeouts, a stream cut mid-body.
+    return ProviderError(
+        ErrorCode.LLM_PROVIDER_ERROR,
+        f"connection to Gemini failed: {type(exc).__name__}: {exc}",
+        retryable=True,
+    )
+
+
+def _api_error(exc: errors.APIError) -> ProviderError:
+    code = int(exc.code) if exc.code else None
+    message = f"Gemini {code} {exc.status}: {exc.message}"
+    details = {"provider_status": exc.status}
+    if code == 429 or exc.status == "RESOURCE_EXHAUSTED":
+        return ProviderError(
+            ErrorCode.LLM_RATE_LIMITED,
+            message,
+            details=details,
+            retryable=True,
+            retry_after=_retry_after(exc),
+            status=code,
+        )
+    if code == 400 and _CONTEXT_OVERFLOW.search(exc.message or ""):
+        return ProviderError(ErrorCode.CONTEXT_OVERFLOW, message, details=details, status=code)
+    # 5xx covers 503 UNAVAILABLE "The model is overloaded" and 504 deadlines.
+    retryable = code is not None and (code >= 500 or code == 408)
+    return ProviderError(
+        ErrorCode.LLM_PROVIDER_ERROR,
+        message,
+        details=details,
+        retryable=retryable,
+        retry_after=_retry_after(exc) if retryable else None,
+        status=code,
+    )
+
+
+def _retry_after(exc: errors.APIError) -> float | None:
+    headers = getattr(exc.response, "headers", None)
+    header = headers.get("retry-after") if headers is not None else None
+    if header is not None:
+        try:
+            return float(header)
+        except ValueError:
+            pass  # An HTTP date; fall back to the body.
+    # Gemini itself puts the wait in the body: a google.rpc.RetryInfo detail
+    # with a protobuf duration such as "47.434392449s".
+    body = exc.details if isinstance(exc.details, dict) else {}
+    error = body.get("error", body)
+    for detail in error.get("details", []) if isinstance(error, dict) else []:
+        delay = detail.get("retryDelay") if isinstance(detail, dict) else None
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                return float(delay[:-1])
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,252 @@
+"""Replies in the Gemini API's streaming wire format, for a :class:`WireServer`.
+
+``streamGenerateContent?alt=sse`` answers data-only SSE: every event is a
+whole ``GenerateContentResponse`` holding the next slice of
+``candidates[0].content.parts``. Every chunk carries ``usageMetadata`` as a
+running total (prompt counts from the start, output counts on the last one);
+the last chunk adds ``finishReason``. Thought summaries are text parts with
+``"thought": true``; a ``thoughtSignature`` (base64) rides on the part it
+signs, for text often on a final part with empty text. Function calls arrive
+whole (``args`` complete in one part): the Gemini API does not stream call
+arguments, so there are no fragments to split.
+
+Errors are JSON bodies ``{"error": {"code", "message", "status", "details"?}}``;
+Gemini puts a rate limit's wait in a ``google.rpc.RetryInfo`` detail (a
+``retry-after`` header is optional here, as proxies add one). A failure after
+the stream started is an ``{"error": ...}`` data event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tests.providers.wire import SSE, Reply
+
+MODEL = "gemini-2.5-flash"
+RESPONSE_ID = "qSwBaf2vLo3Uz7IPmqjB8Qk"
+SIGNATURE = "CiQB0e2Kb7k3N2o1c2lnbmVkLXRob3VnaHQtc3RhdGU="
+
+
+def usage(prompt: int, output: int = 0, *, cached: int = 0, thoughts: int = 0) -> dict[str, Any]:
+    """``usageMetadata`` as Gemini reports it; cached tokens are inside ``prompt``."""
+    meta: dict[str, Any] = {
+        "promptTokenCount": prompt,
+        "totalTokenCount": prompt + output + thoughts,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
+    }
+    if output:
+        meta["candidatesTokenCount"] = output
+    if cached:
+        meta["cachedContentTokenCount"] = cached
+        meta["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached}]
+    if thoughts:
+        meta["thoughtsTokenCount"] = thoughts
+    return meta
+
+
+def chunk(
+    parts: list[dict[str, Any]],
+    usage_metadata: dict[str, Any],
+    *,
+    finish_reason: str | None = None,
+) -> SSE:
+    candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
+    if finish_reason is not None:
+        candidate["finishReason"] = finish_reason
+    return SSE(
+        {
+            "candidates": [candidate],
+            "usageMetadata": usage_metadata,
+            "modelVersion": MODEL,
+            "responseId": RESPONSE_ID,
+        }
+    )
+
+
+def text_reply(
+    deltas: list[str],
+    *,
+    prompt: int = 12,
+    output: int = 9,
+    cached: int = 0,
+    finish_reason: str = "STOP",
+) -> Reply:
+    """A plain answer, one text part per delta."""
+    running = usage(prompt, cached=cached)
+    events = [chunk([{"text": d}], running) for d in deltas[:-1]]
+    events.append(
+        chunk(
+            [{"text": deltas[-1]}],
+            usage(prompt, output, cached=cached),
+            finish_reason=finish_reason,
+        )
+    )
+    return Reply(events=events)
+
+
+def thinking_reply(
+    thoughts: list[str],
+    deltas: list[str],
+    *,
+    signature: str = SIGNATURE,
+    prompt: int = 20,
+    output: int = 7,
+    thought_tokens: int = 31,
+) -> Reply:
+    """Thought summaries, then the answer; the signature on a last empty text part."""
+    running = usage(prompt, thoughts=thought_tokens)
+    events = [chunk([{"text": t, "thought": True}], running) for t in thoughts]
+    events += [chunk([{"text": d}], running) for d in deltas]
+    events.append(
+        chunk(
+            [{"text": "", "thoughtSignature": signature}],
+            usage(prompt, output, thoughts=thought_tokens),
+            finish_reason="STOP",
+        )
+    )
+    return Reply(events=events)
+
+
+def tool_call_reply(
+    name: str,
+    args: dict[str, Any],
+    *,
+    call_id: str | None = None,
+    thoughts: Sequence[str] = (),
+    text: str | None = None,
+    signature: str | None = SIGNATURE,
+    prompt: int = 40,
+    output: int = 15,
+    thought_tokens: int = 0,
+) -> Reply:
+    """Optional thoughts and text, then one whole ``functionCall`` part (signed)."""
+    running = usage(prompt, thoughts=thought_tokens)
+    events = [chunk([{"text": t, "thought": True}], running) for t in thoughts]
+    if text is not None:
+        events.append(chunk([{"text": text}], running))
+    call: dict[str, Any] = {"name": name, "args": args}
+    if call_id is not None:
+        call["id"] = call_id
+    part: dict[str, Any] = {"functionCall": call}
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    events.append(
+        chunk([part], usage(prompt, output, thoughts=thought_tokens), finish_reason="STOP")
+    )
+    return Reply(events=events)
+
+
+def parallel_calls_reply(
+    calls: list[tuple[str, dict[str, Any]]], *, signature: str = SIGNATURE
+) -> Reply:
+    """Several calls in one part list; only the first one is signed, as Gemini does."""
+    parts: list[dict[str, Any]] = []
+    for i, (name, args) in enumerate(calls):
+        part: dict[str, Any] = {"functionCall": {"name": name, "args": args}}
+        if i == 0:
+            part["thoughtSignature"] = signature
+        parts.append(part)
+    return Reply(events=[chunk(parts, usage(30, 20), finish_reason="STOP")])
+
+
+def blocked_prompt(reason: str = "PROHIBITED_CONTENT") -> Reply:
+    """The prompt itself refused: ``promptFeedback`` and no candidate."""
+    return Reply(
+        events=[
+            SSE(
+                {
+                    "promptFeedback": {"blockReason": reason},
+                    "usageMetadata": usage(8),
+                    "modelVersion": MODEL,
+                    "responseId": RESPONSE_ID,
+                }
+            )
+        ]
+    )
+
+
+def _error(
+    code: int, status: str, message: str, details: list[Any] | None = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message, "status": status}
+    if details:
+        error["details"] = details
+    return {"error": error}
+
+
+def rate_limited(*, retry_after: str | None = "1", retry_delay: str | None = None) -> Reply:
+    """429 RESOURCE_EXHAUSTED; ``retry_delay`` (e.g. ``"1.5s"``) adds a RetryInfo."""
+    details: list[Any] = [
+        {
+            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [
+                {
+                    "quotaMetric": (
+                        "generativelanguage.googleapis.com/generate_content_free_tier_requests"
+                    ),
+                    "quotaId": "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                    "quotaDimensions": {"location": "global", "model": MODEL},
+                    "quotaValue": "10",
+                }
+            ],
+        }
+    ]
+    if retry_delay is not None:
+        details.append(
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay}
+        )
+    body = _error(
+        429,
+        "RESOURCE_EXHAUSTED",
+        "You exceeded your current quota, please check your plan and billing details.",
+        details,
+    )
+    headers = {"retry-after": retry_after} if retry_after is not None else {}
+    return Reply(status=429, body=body, headers=headers)
+
+
+def server_error() -> Reply:
+    return Reply(
+        status=500,
+        body=_error(
+            500,
+            "INTERNAL",
+            "An internal error has occurred. Please retry or report in "
+            "https://developers.generativeai.google/guide/troubleshooting",
+        ),
+    )
+
+
+def overloaded() -> Reply:
+    """Gemini's "overloaded" is a 503 UNAVAILABLE (there is no 529)."""
+    return Reply(
+        status=503,
+        body=_error(503, "UNAVAILABLE", "The model is overloaded. Please try again later."),
+    )
+
+
+def context_overflow(tokens: int = 1_200_293, limit: int = 1_048_576) -> Reply:
+    message = (
+        f"The input token count ({tokens}) exceeds the maximum number of tokens allowed ({limit})."
+    )
+    return Reply(status=400, body=_error(400, "INVALID_ARGUMENT", message))
+
+
+def error_mid_stream(deltas: list[str]) -> Reply:
+    """Text deltas, then an ``{"error": ...}`` event inside the 200 stream."""
+    events = [chunk([{"text": d}], usage(12)) for d in deltas]
+    events.append(SSE(_error(500, "INTERNAL", "An internal error has occurred.")))
+    return Reply(events=events)
+
+
+def dropped_mid_stream(deltas: list[str]) -> Reply:
+    """Text deltas, then the connection resets before the final chunk."""
+    reply = text_reply([*deltas, "never sent"])
+    reply.break_after = len(deltas)
+    return reply
+
+
+def cut_short(deltas: list[str]) -> Reply:
+    """A clean end of stream that never sent a ``finishReason``."""
+    return Reply(events=[chunk([{"text": d}], usage(12)) for d in deltas])
