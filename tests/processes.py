@@ -61,7 +61,24 @@ class EngineProcesses:
         return url
 
     def start_worker(self) -> subprocess.Popen[bytes]:
+        """Start a loop-worker and wait until it advertises its providers (it is ready)."""
+        import redis
+
+        client = redis.Redis.from_url(self.env["HOLDFAST_REDIS_URL"])
+        key = f"{self.env['HOLDFAST_REDIS_PREFIX']}providers"
+        client.delete(key)
         proc = self._spawn("loop-worker", self.env)
+        deadline = time.monotonic() + 30
+        try:
+            while not client.zrangebyscore(key, int(time.time() * 1000), "+inf"):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"loop-worker exited with {proc.returncode}")
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError("loop-worker did not become ready in 30 s")
+                time.sleep(0.05)
+        finally:
+            client.close()
         self.workers.append(proc)
         return proc
 

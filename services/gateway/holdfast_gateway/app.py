@@ -26,7 +26,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect(redis_url, max_connections=1000)
-        engine = create_engine(database_url, pool_size=20)
+        engine = create_engine(database_url, pool_size=8)
         sessions = session_factory(engine)
         keys = Keys(settings.redis_prefix)
         eventlog = EventLog(

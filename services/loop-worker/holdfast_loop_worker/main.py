@@ -59,7 +59,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     redis = connect(redis_url)
-    engine = create_engine(database_url, pool_size=settings.worker_concurrency // 4 + 2)
+    # Turns hold a connection only for short writes; a small pool serves many.
+    engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency // 8 + 2))
     sessions = session_factory(engine)
     keys = Keys(settings.redis_prefix)
     eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active)

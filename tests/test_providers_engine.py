@@ -1,0 +1,159 @@
+"""Every provider through the whole engine: real SDKs in a real worker, wire-protocol servers.
+
+The same turn, answered by Anthropic, OpenAI and Gemini servers, reaches the
+client as the same event sequence; usage is the provider's; a 429 before any
+output is retried inside the turn and the client never notices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import engine_env
+from tests.processes import EngineProcesses
+from tests.providers import fake_anthropic, fake_gemini, fake_openai
+from tests.providers.wire import WireServer
+from tests.sse_client import execute
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, WireServer]]:
+    started = {name: WireServer().start() for name in ("anthropic", "openai", "gemini")}
+    yield started
+    for server in started.values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def provider_engine(
+    redis_url: str,
+    database_url: str,
+    redis_prefix: str,
+    api_keys: dict[str, str],
+    servers: dict[str, WireServer],
+) -> Iterator[EngineProcesses]:
+    env = engine_env(
+        redis_url,
+        database_url,
+        f"{redis_prefix}providers:",
+        ANTHROPIC_API_KEY="sk-ant-test",
+        ANTHROPIC_BASE_URL=servers["anthropic"].url,
+        OPENAI_API_KEY="sk-openai-test",
+        OPENAI_BASE_URL=f"{servers['openai'].url}/v1",
+        GEMINI_API_KEY="gemini-test",
+        HOLDFAST_GEMINI_BASE_URL=servers["gemini"].url,
+    )
+    procs = EngineProcesses(env)
+    procs.start_worker()
+    procs.start_gateway()
+    yield procs
+    procs.stop()
+
+
+REPLIES = {
+    "anthropic": (
+        f"anthropic:{fake_anthropic.MODEL}",
+        lambda: fake_anthropic.text_reply(
+            ["Hel", "lo ", "there"], fake_anthropic.Usage(input_tokens=25, output_tokens=12)
+        ),
+        {"input_tokens": 25, "output_tokens": 12},
+    ),
+    "openai": (
+        f"openai:{fake_openai.MODEL}",
+        lambda: fake_openai.text_reply(["Hel", "lo ", "there"]),
+        None,
+    ),
+    "gemini": (
+        f"gemini:{fake_gemini.MODEL}",
+        lambda: fake_gemini.text_reply(["Hel", "lo ", "there"], prompt=12, output=9),
+        {"input_tokens": 12, "output_tokens": 9},
+    ),
+}
+
+
+@pytest.mark.parametrize("provider", sorted(REPLIES))
+async def test_each_provider_gives_the_same_event_sequence(
+    provider_engine: EngineProcesses,
+    api_keys: dict[str, str],
+    servers: dict[str, WireServer],
+    provider: str,
+) -> None:
+    model, reply, usage = REPLIES[provider]
+    server = servers[provider]
+    server.replies.clear()
+    server.requests.clear()
+    server.queue(reply())
+    async with httpx.AsyncClient(timeout=30) as client:
+        got = await execute(
+            client, provider_engine.url, api_keys["main"], {"message": "hi", "model": model}
+        )
+    assert got.status == 200, got.body
+    assert got.types == [
+        "thread_lifecycle",
+        "content_block_start",
+        "text_delta",
+        "text_delta",
+        "text_delta",
+        "content_block_stop",
+        "usage",
+        "thread_lifecycle",
+    ]
+    assert got.text == "Hello there"
+    assert got.events[-1] == {**got.events[-1], "phase": "completed", "stop_reason": "end_turn"}
+    if usage is not None:
+        assert {k: got.events[-2][k] for k in usage} == usage
+    assert len(server.requests) == 1
+    # The conversation reached the provider: the user's message is in the request.
+    assert "hi" in str(server.requests[0].json)
+
+
+async def test_rate_limit_before_output_is_retried_inside_the_turn(
+    provider_engine: EngineProcesses, api_keys: dict[str, str], servers: dict[str, WireServer]
+) -> None:
+    server = servers["anthropic"]
+    server.replies.clear()
+    server.requests.clear()
+    server.queue(fake_anthropic.rate_limited("1"), fake_anthropic.text_reply(["after ", "wait"]))
+    async with httpx.AsyncClient(timeout=30) as client:
+        got = await execute(
+            client,
+            provider_engine.url,
+            api_keys["main"],
+            {"message": "hi", "model": f"anthropic:{fake_anthropic.MODEL}"},
+        )
+    assert len(server.requests) == 2
+    assert "error" not in got.types
+    assert got.text == "after wait"
+    assert got.events[-1]["phase"] == "completed"
+
+
+async def test_provider_failure_ends_the_turn_with_a_stable_code(
+    provider_engine: EngineProcesses, api_keys: dict[str, str], servers: dict[str, WireServer]
+) -> None:
+    server = servers["openai"]
+    server.replies.clear()
+    server.queue(fake_openai.context_length_exceeded())
+    async with httpx.AsyncClient(timeout=30) as client:
+        got = await execute(
+            client,
+            provider_engine.url,
+            api_keys["main"],
+            {"message": "hi", "model": f"openai:{fake_openai.MODEL}"},
+        )
+        task_id = got.headers["x-task-id"]
+        server.queue(fake_openai.text_reply(["fine"]))
+        again = await execute(
+            client,
+            provider_engine.url,
+            api_keys["main"],
+            {"message": "shorter", "model": f"openai:{fake_openai.MODEL}", "task_id": task_id},
+        )
+    assert got.types == ["thread_lifecycle", "error", "thread_lifecycle"]
+    assert got.events[1]["error"] == "CONTEXT_OVERFLOW"
+    assert got.events[-1]["phase"] == "errored"
+    assert again.text == "fine" and again.events[-1]["phase"] == "completed"
