@@ -111,11 +111,25 @@ def engine_env(redis_url: str, database_url: str, prefix: str, **extra: str) -> 
 
 
 @pytest.fixture(scope="session")
+def workspace_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("workspaces")
+
+
+@pytest.fixture(scope="session")
 def engine(
-    redis_url: str, database_url: str, redis_prefix: str, api_keys: dict[str, str]
+    redis_url: str,
+    database_url: str,
+    redis_prefix: str,
+    api_keys: dict[str, str],
+    workspace_root: Path,
 ) -> Iterator[EngineProcesses]:
-    """A gateway and a loop-worker as real processes, shared by the session."""
-    procs = EngineProcesses(engine_env(redis_url, database_url, redis_prefix))
+    """A gateway, a loop-worker and a tool-runner as real processes, shared by the session."""
+    procs = EngineProcesses(
+        engine_env(
+            redis_url, database_url, redis_prefix, HOLDFAST_WORKSPACE_ROOT=str(workspace_root)
+        )
+    )
+    procs.start_tool_runner()
     procs.start_worker()
     procs.start_gateway()
     try:

@@ -23,6 +23,7 @@ class EngineProcesses:
         self.env = env
         self.gateways: list[tuple[subprocess.Popen[bytes], str]] = []
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.runners: list[subprocess.Popen[bytes]] = []
 
     @property
     def url(self) -> str:
@@ -30,11 +31,7 @@ class EngineProcesses:
 
     def _spawn(self, service: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"from holdfast_{service.replace('-', '_')}.main import main; main()",
-            ],
+            [sys.executable, "-m", "holdfast", service],
             env=env,
             stdin=subprocess.DEVNULL,
         )
@@ -82,8 +79,13 @@ class EngineProcesses:
         self.workers.append(proc)
         return proc
 
+    def start_tool_runner(self) -> subprocess.Popen[bytes]:
+        proc = self._spawn("tool-runner", self.env)
+        self.runners.append(proc)
+        return proc
+
     def stop(self) -> None:
-        procs = [p for p, _ in self.gateways] + self.workers
+        procs = [p for p, _ in self.gateways] + self.workers + self.runners
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

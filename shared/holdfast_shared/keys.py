@@ -30,6 +30,11 @@ class Keys:
         return f"{self.prefix}tools"
 
     @property
+    def tools_reap(self) -> str:
+        """Pub/sub channel: a task id whose leftover tool processes every runner kills."""
+        return f"{self.prefix}tools:reap"
+
+    @property
     def archive_dirty(self) -> str:
         """Sorted set of task ids whose events are not all in PostgreSQL yet."""
         return f"{self.prefix}archive:dirty"

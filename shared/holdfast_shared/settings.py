@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     # Agents whose tools may use the network (everyone else's sandbox has none).
     network_agents: list[str] = []
     tool_timeout_seconds: float = 60.0
+    # How many tool calls one tool-runner process runs at once.
+    tool_concurrency: int = 8
     # Where tool-runners keep per-task workspaces (default: <data_dir>/workspaces).
     workspace_root: Path | None = None
 

@@ -142,6 +142,10 @@ class ToolCaller:
         finally:
             self.inbox.forget(correlation)
 
+    async def turn_ended(self, task_id: str) -> None:
+        """Ask every tool-runner to kill what the task's tools left running."""
+        await self.redis.publish(self.keys.tools_reap, task_id)
+
     async def _stored(self, task_id: str, tool_call_id: str) -> ToolOutcome | None:
         async with self.sessions() as session:
             row = await session.scalar(

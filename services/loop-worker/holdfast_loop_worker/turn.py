@@ -161,6 +161,7 @@ class TurnRunner:
         self.usage = _UsageTotals()
         self.position = 1
         self.provider_name: str | None = None
+        self.used_tools = False
 
     async def run(self) -> str:
         """Run the turn; returns the final status (``completed`` or ``errored``)."""
@@ -289,6 +290,7 @@ class TurnRunner:
 
     async def _run_tools(self, calls: list[_Block]) -> list[dict[str, Any]]:
         assert self.ctx.tools is not None
+        self.used_tools = True
         call_ctx = CallContext(
             tenant_id=self.job.tenant_id,
             task_id=self.job.task_id,
@@ -360,6 +362,9 @@ class TurnRunner:
         self.position += 1
 
     async def _finish(self, status: str, stop_reason: str | None) -> None:
+        if self.used_tools and self.ctx.tools is not None:
+            # The watchdog: no process a tool started outlives its turn.
+            await self.ctx.tools.turn_ended(self.job.task_id)
         async with self.ctx.sessions.begin() as session:
             await session.execute(
                 update(Turn)

@@ -1,0 +1,144 @@
+"""Consume tool calls from ``Keys.tools`` through the ``tool-runners`` group.
+
+Calls run concurrently (up to ``concurrency``) so a long command never holds
+up another task's call. A call is acknowledged after its outcome is stored
+and sent; a runner that dies leaves it pending, and another runner claims it
+after ``claim_idle_ms`` — where the executor's idempotency record makes sure
+it is answered, never run twice. Turn-end reap requests arrive on a pub/sub
+channel, since every runner may hold processes of that task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from holdfast_shared.jobs import ToolCallJob
+from holdfast_shared.keys import TOOLS_GROUP, Keys
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from holdfast_tool_runner.executor import ToolExecutor
+from holdfast_tool_runner.sandbox import reap_leftovers
+from holdfast_tool_runner.workspaces import Workspaces
+
+log = logging.getLogger(__name__)
+
+BLOCK_MS = 1000
+
+Entry = tuple[str, dict[str, str]]
+
+
+async def ensure_group(redis: Redis, keys: Keys) -> None:
+    """Create the consumer group (and the stream) unless they exist."""
+    try:
+        # "0": calls appended before any runner started are still seen.
+        await redis.xgroup_create(keys.tools, TOOLS_GROUP, id="0", mkstream=True)
+    except ResponseError as error:
+        if "BUSYGROUP" not in str(error):
+            raise
+
+
+class ToolConsumer:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        executor: ToolExecutor,
+        workspaces: Workspaces,
+        *,
+        consumer_name: str,
+        concurrency: int,
+        claim_idle_ms: int,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.executor = executor
+        self.workspaces = workspaces
+        self.consumer_name = consumer_name
+        self.concurrency = concurrency
+        self.claim_idle_ms = claim_idle_ms
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await ensure_group(self.redis, self.keys)
+        reaper = asyncio.create_task(self._reap_requests(), name="reap-requests")
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(self._running)
+                if free <= 0:
+                    await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                for entry in await self._next_entries(free):
+                    self._start(entry)
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            if self._running:
+                await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _next_entries(self, count: int) -> list[Entry]:
+        # Calls a dead runner left pending first: they are the oldest.
+        _cursor, claimed, *_ = await self.redis.xautoclaim(
+            self.keys.tools,
+            TOOLS_GROUP,
+            self.consumer_name,
+            min_idle_time=self.claim_idle_ms,
+            count=count,
+        )
+        # Redis 6.2 reports claimed-but-deleted entries as (None, None).
+        entries: list[Entry] = [e for e in claimed if e and e[0] is not None]
+        if entries:
+            return entries
+        reply = await self.redis.xreadgroup(
+            TOOLS_GROUP, self.consumer_name, {self.keys.tools: ">"}, count=count, block=BLOCK_MS
+        )
+        return [entry for _stream, stream_entries in reply or [] for entry in stream_entries]
+
+    def _start(self, entry: Entry) -> None:
+        task = asyncio.create_task(self._handle(entry), name=f"tool:{entry[0]}")
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _handle(self, entry: Entry) -> None:
+        entry_id, fields = entry
+        try:
+            job = ToolCallJob.from_fields(fields)
+        except ValueError:
+            log.error("dropping malformed tool call %s: %r", entry_id, fields)
+            await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+            return
+        try:
+            outcome = await self.executor.handle(job)
+        except Exception:
+            # Left pending: another runner claims it and the executor answers it.
+            log.exception("tool call %s failed in the runner", job.tool_call_id)
+            return
+        log.info(
+            "tool %s (%s) for task %s: %s",
+            job.tool,
+            job.tool_call_id,
+            job.task_id,
+            "error" if outcome.error else "ok",
+        )
+        await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+
+    async def _reap_requests(self) -> None:
+        pubsub = self.redis.pubsub()
+        await pubsub.subscribe(self.keys.tools_reap)
+        try:
+            async for message in pubsub.listen():
+                if message.get("type") != "message":
+                    continue
+                task_id = str(message["data"])
+                try:
+                    killed = await reap_leftovers(self.workspaces.path(task_id))
+                except (OSError, ValueError):
+                    log.exception("could not reap leftovers of task %s", task_id)
+                    continue
+                if killed:
+                    log.info("reaped %d leftover process group(s) of task %s", killed, task_id)
+        finally:
+            await pubsub.aclose()

@@ -1,0 +1,136 @@
+"""Run a tool call at most once, and answer the loop-worker waiting for it.
+
+The ``tool_results`` row is claimed (``running``) before the tool starts and
+completed after, in PostgreSQL. A redelivered call finds the row: a finished
+call's stored outcome is sent again; a call another runner is still running
+is waited for; a call whose runner died mid-run is reported as interrupted —
+never run a second time, because its side effects may already have happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from holdfast_shared.db.models import ToolResultRecord
+from holdfast_shared.jobs import InboxMessage, ToolCallJob, ToolOutcome
+from redis.asyncio import Redis
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from holdfast_tool_runner.builtin import run_tool
+from holdfast_tool_runner.sandbox import SandboxUnavailable
+from holdfast_tool_runner.workspaces import Workspaces
+
+log = logging.getLogger(__name__)
+
+# How long past its own timeout a call claimed by another runner may run
+# before we call it interrupted.
+_GRACE = timedelta(seconds=30)
+
+
+class ToolExecutor:
+    def __init__(
+        self,
+        redis: Redis,
+        sessions: async_sessionmaker[AsyncSession],
+        workspaces: Workspaces,
+        runner_id: str,
+    ) -> None:
+        self.redis = redis
+        self.sessions = sessions
+        self.workspaces = workspaces
+        self.runner_id = runner_id
+
+    async def handle(self, job: ToolCallJob) -> ToolOutcome:
+        """Run (or recall) the call and send the outcome to ``job.reply_to``."""
+        outcome = await self._outcome(job)
+        message = InboxMessage(
+            kind="tool_result",
+            correlation_id=f"{job.task_id}:{job.tool_call_id}",
+            payload=outcome.model_dump(),
+        )
+        await self.redis.xadd(job.reply_to, message.to_fields(), maxlen=10_000)
+        return outcome
+
+    async def _outcome(self, job: ToolCallJob) -> ToolOutcome:
+        if await self._claim(job):
+            outcome = await self._run(job)
+            await self._complete(job, outcome)
+            return outcome
+        return await self._recall(job)
+
+    async def _run(self, job: ToolCallJob) -> ToolOutcome:
+        workspace: Path = self.workspaces.ensure(job.task_id)
+        try:
+            return await run_tool(
+                job.tool,
+                job.input,
+                workspace,
+                network=job.network,
+                timeout_seconds=job.timeout_seconds,
+            )
+        except SandboxUnavailable as exc:
+            # Fail closed: the tool did not run, and the model is told why.
+            return ToolOutcome(error=f"sandbox unavailable, the tool did not run: {exc}")
+
+    async def _claim(self, job: ToolCallJob) -> bool:
+        async with self.sessions.begin() as session:
+            claimed = await session.scalar(
+                insert(ToolResultRecord)
+                .values(
+                    task_id=job.task_id,
+                    tool_call_id=job.tool_call_id,
+                    turn_id=job.turn_id,
+                    tool=job.tool,
+                    input=job.input,
+                    status="running",
+                    runner=self.runner_id,
+                )
+                .on_conflict_do_nothing()
+                .returning(ToolResultRecord.tool_call_id)
+            )
+        return claimed is not None
+
+    async def _complete(self, job: ToolCallJob, outcome: ToolOutcome) -> None:
+        async with self.sessions.begin() as session:
+            await session.execute(
+                update(ToolResultRecord)
+                .where(
+                    ToolResultRecord.task_id == job.task_id,
+                    ToolResultRecord.tool_call_id == job.tool_call_id,
+                )
+                .values(
+                    status="done",
+                    # JSONB column: wrap so any JSON value (even null) round-trips.
+                    output={"value": outcome.output},
+                    error=outcome.error,
+                    finished_at=datetime.now(UTC),
+                )
+            )
+
+    async def _recall(self, job: ToolCallJob) -> ToolOutcome:
+        deadline = None
+        while True:
+            async with self.sessions() as session:
+                row = await session.scalar(
+                    select(ToolResultRecord).where(
+                        ToolResultRecord.task_id == job.task_id,
+                        ToolResultRecord.tool_call_id == job.tool_call_id,
+                    )
+                )
+            assert row is not None
+            if row.status == "done":
+                return ToolOutcome(output=(row.output or {}).get("value"), error=row.error)
+            if deadline is None:
+                deadline = row.started_at + timedelta(seconds=job.timeout_seconds) + _GRACE
+            if datetime.now(UTC) > deadline:
+                log.warning("tool call %s was interrupted on %s", job.tool_call_id, row.runner)
+                return ToolOutcome(
+                    error="this tool call was interrupted (its runner stopped mid-call); "
+                    "it is not run again because it may have had side effects"
+                )
+            await asyncio.sleep(0.5)

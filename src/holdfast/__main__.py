@@ -1,0 +1,3 @@
+from holdfast.cli import app
+
+app(prog_name="holdfast")

@@ -1,0 +1,231 @@
+"""The ``holdfast`` command: the whole engine (``up``), one service, or an admin task.
+
+Every service and heavy library (settings included: pydantic-settings alone
+takes a fifth of a second) is imported inside the command that needs it, so
+``holdfast --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from holdfast_shared.settings import Settings
+
+# Set by `holdfast up` in the environment of the services it starts.
+SUPERVISOR_PID_ENV = "HOLDFAST_SUPERVISOR_PID"
+
+console = Console(stderr=True)
+
+app = typer.Typer(
+    name="holdfast",
+    help="Holdfast: a durable agent execution engine.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Plain tracebacks: service output ends up in logs, not only on terminals.
+    pretty_exceptions_enable=False,
+)
+keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+_EXTERNAL = (
+    "Needs HOLDFAST_REDIS_URL and HOLDFAST_DATABASE_URL; other settings come from "
+    "HOLDFAST_* variables too. Runs in the foreground until SIGTERM or Ctrl-C, "
+    "then stops cleanly and exits 0."
+)
+
+
+@app.command()
+def up(
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            "-w",
+            envvar="HOLDFAST_UP_WORKERS",
+            min=1,
+            help="How many loop-worker processes to run.",
+        ),
+    ] = 1,
+) -> None:
+    """Run the whole engine on this machine: gateway, loop-workers, tool-runner, learning.
+
+    Uses the Redis and PostgreSQL named by HOLDFAST_REDIS_URL and
+    HOLDFAST_DATABASE_URL; for each one left unset it starts an embedded
+    server keeping its data in HOLDFAST_DATA_DIR (default ~/.holdfast). Runs
+    migrations, makes sure an API key exists (HOLDFAST_API_KEY if set, else one
+    is generated and shown once), restarts any service that dies, and stops
+    everything cleanly on Ctrl-C or SIGTERM.
+    """
+    from holdfast.supervisor import run_up
+
+    settings = _settings()
+    _configure_logging(settings.log_level)
+    raise typer.Exit(run_up(settings, workers=workers, console=console))
+
+
+@app.command(epilog=_EXTERNAL)
+def gateway() -> None:
+    """Run the HTTP gateway (execute, replay and live SSE) on HOLDFAST_HOST:HOLDFAST_PORT."""
+    _run_service("holdfast_gateway.main")
+
+
+@app.command("loop-worker", epilog=_EXTERNAL)
+def loop_worker() -> None:
+    """Run one loop-worker: consumes turn jobs and runs the agent loop."""
+    _run_service("holdfast_loop_worker.main")
+
+
+@app.command("tool-runner", epilog=_EXTERNAL)
+def tool_runner() -> None:
+    """Run one tool-runner: consumes tool calls from the tool queue."""
+    _run_service("holdfast_tool_runner.main")
+
+
+@app.command(epilog=_EXTERNAL)
+def learning() -> None:
+    """Run the learning worker (arq): retention clean-up now, long-term memory later."""
+    _run_service("holdfast_learning.main")
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the database schema up to date (idempotent), then register HOLDFAST_API_KEY if set.
+
+    Uses HOLDFAST_DATABASE_URL, or the embedded PostgreSQL of a running
+    `holdfast up` in HOLDFAST_DATA_DIR. Registering HOLDFAST_API_KEY (stored
+    hashed, tenant "default") lets deployments without `holdfast up`, such as
+    compose.yaml, choose their key.
+    """
+    from holdfast_shared.db import upgrade_head
+    from holdfast_shared.tenancy import DEFAULT_TENANT
+
+    settings = _settings()
+    _configure_logging(settings.log_level)
+    database_url = _database_url(settings)
+    upgrade_head(database_url)
+    console.print("[green]Database schema is up to date.[/]")
+    if settings.api_key:
+        asyncio.run(_add_key(database_url, DEFAULT_TENANT, settings.api_key, "HOLDFAST_API_KEY"))
+        console.print(f"Registered HOLDFAST_API_KEY for tenant [bold]{DEFAULT_TENANT}[/].")
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key belongs to (created if new).")] = (
+        "default"
+    ),
+    name: Annotated[str, typer.Option(help="A label to recognise the key by.")] = "cli",
+) -> None:
+    """Create an API key and print it once; only its hash is stored.
+
+    Uses HOLDFAST_DATABASE_URL, or the embedded PostgreSQL of a running
+    `holdfast up` in HOLDFAST_DATA_DIR.
+    """
+    from holdfast_shared.tenancy import generate_key
+
+    settings = _settings()
+    database_url = _database_url(settings)
+    key = generate_key()
+    asyncio.run(_add_key(database_url, tenant, key, name))
+    console.print(
+        f"Created API key [bold]{name}[/] for tenant [bold]{tenant}[/]. It is shown only this once:"
+    )
+    # The key itself goes to stdout alone, so `KEY=$(holdfast keys create)` works.
+    print(key)
+
+
+async def _add_key(database_url: str, tenant: str, key: str, name: str) -> None:
+    from holdfast_shared.db import create_engine, session_factory
+    from holdfast_shared.tenancy import add_key
+
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        async with session_factory(engine)() as session, session.begin():
+            await add_key(session, tenant, key, name=name)
+    finally:
+        await engine.dispose()
+
+
+def _database_url(settings: Settings) -> str:
+    if settings.database_url:
+        return settings.database_url
+    from holdfast.embedded import running_database_url
+
+    url = running_database_url(settings.data_dir / "postgres")
+    if url is None:
+        _fail(
+            "HOLDFAST_DATABASE_URL is not set and no embedded PostgreSQL is running in "
+            f"{settings.data_dir}. Set it, or start `holdfast up` first."
+        )
+    return url
+
+
+def _run_service(module_name: str) -> None:
+    """Import a service's ``main`` module and run its ``main()`` in this process.
+
+    Each service sets up its own logging (``holdfast_shared.logs``).
+    """
+    settings = _settings()
+    try:
+        settings.require_urls()
+    except RuntimeError as error:
+        _fail(str(error))
+    _follow_supervisor()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and module_name.startswith(error.name):
+            _fail(f"{module_name} is not available in this installation", code=1)
+        raise
+    module.main()
+
+
+def _follow_supervisor() -> None:
+    """Under `holdfast up`, end this process when the supervisor dies, even by SIGKILL.
+
+    Without this a killed supervisor leaves services running that hold the
+    gateway's port and the embedded servers' sockets.
+    """
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if supervisor is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    # The supervisor may have died before prctl took effect.
+    if os.getppid() != int(supervisor):
+        raise SystemExit(0)
+
+
+def _configure_logging(level: str) -> None:
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_path=False)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def _settings() -> Settings:
+    from holdfast_shared.settings import get_settings
+
+    try:
+        return get_settings()
+    except ValueError as error:  # pydantic's ValidationError: a bad HOLDFAST_* value
+        _fail(str(error))
+
+
+def _fail(message: str, *, code: int = 2) -> NoReturn:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)

@@ -1,0 +1,206 @@
+"""Tool calls through the engine: permission prompts, the sandboxed runner, results in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.processes import EngineProcesses
+from tests.sse_client import Received, execute, stream
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def tool_script(*calls: dict[str, Any], text: str = "") -> str:
+    return "/script " + json.dumps({"text": text, "tool_calls": list(calls)})
+
+
+async def answer_when_asked(
+    client: httpx.AsyncClient, base: str, key: str, task_id: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Poll /hitl/pending like a client UI would, then answer the request."""
+    for _ in range(200):
+        pending = (
+            await client.get(
+                f"{base}/hitl/pending", params={"task_id": task_id}, headers={"X-Engine-Key": key}
+            )
+        ).json()["pending"]
+        if pending:
+            request = pending[0]
+            response = await client.post(
+                f"{base}/hitl/respond",
+                json={"task_id": task_id, "request_id": request["request_id"], **body},
+                headers={"X-Engine-Key": key},
+            )
+            assert response.status_code == 200, response.text
+            assert response.json() == {"status": "resumed", "request_id": request["request_id"]}
+            return request
+        await asyncio.sleep(0.05)
+    raise AssertionError("no hitl request appeared")
+
+
+def by_type(got: Received, event_type: str) -> list[dict[str, Any]]:
+    return [e for e in got.events if e["type"] == event_type]
+
+
+async def test_allowed_tool_runs_without_asking(
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path
+) -> None:
+    task_id = f"tools-{secrets.token_hex(4)}"
+    (workspace_root / task_id).mkdir()
+    (workspace_root / task_id / "notes.txt").write_text("remember the milk")
+    async with httpx.AsyncClient(timeout=60) as client:
+        got = await execute(
+            client,
+            engine.url,
+            api_keys["main"],
+            {
+                "message": tool_script({"name": "read_file", "input": {"path": "notes.txt"}}),
+                "task_id": task_id,
+            },
+        )
+    assert "hitl_request" not in got.types
+    call, result = by_type(got, "tool_call")[0], by_type(got, "tool_result")[0]
+    assert call["tool"] == "read_file" and call["input"] == {"path": "notes.txt"}
+    assert result["tool_call_id"] == call["tool_call_id"]
+    assert result["output"]["content"] == "remember the milk"
+    assert "error" not in result
+    assert got.types.index("tool_call") < got.types.index("tool_result")
+    assert "remember the milk" in got.text
+    assert got.events[-1]["phase"] == "completed"
+
+
+async def test_permission_prompt_yes_runs_the_tool(
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path
+) -> None:
+    key = api_keys["main"]
+    task_id = f"ask-{secrets.token_hex(4)}"
+    message = tool_script({"name": "bash", "input": {"command": "echo hi > out.txt; cat out.txt"}})
+    async with httpx.AsyncClient(timeout=60) as client:
+        turn = asyncio.create_task(
+            execute(client, engine.url, key, {"message": message, "task_id": task_id})
+        )
+        asked = await answer_when_asked(client, engine.url, key, task_id, {"answer": "yes"})
+        got = await turn
+        # Answered already: a second answer is a conflict.
+        again = await client.post(
+            f"{engine.url}/hitl/respond",
+            json={"task_id": task_id, "request_id": asked["request_id"], "answer": "no"},
+            headers={"X-Engine-Key": key},
+        )
+    assert again.status_code == 409 and again.json()["error"] == "HITL_ALREADY_ANSWERED"
+    request = by_type(got, "hitl_request")[0]
+    assert request["kind"] == "permission"
+    assert request["tool_call"]["tool"] == "bash"
+    assert request["request_id"] == asked["request_id"]
+    assert by_type(got, "hitl_resolved")[0]["request_id"] == asked["request_id"]
+    result = by_type(got, "tool_result")[0]
+    assert result["output"]["stdout"] == "hi\n" and result["output"]["exit_code"] == 0
+    order = [
+        t for t in got.types if t in ("tool_call", "hitl_request", "hitl_resolved", "tool_result")
+    ]
+    assert order == ["tool_call", "hitl_request", "hitl_resolved", "tool_result"]
+    assert (workspace_root / task_id / "out.txt").read_text() == "hi\n"
+    assert got.events[-1]["phase"] == "completed"
+
+
+async def test_permission_denied_reaches_the_model_with_feedback(
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path
+) -> None:
+    key = api_keys["main"]
+    task_id = f"deny-{secrets.token_hex(4)}"
+    message = tool_script({"name": "write_file", "input": {"path": "x.txt", "content": "x"}})
+    async with httpx.AsyncClient(timeout=60) as client:
+        turn = asyncio.create_task(
+            execute(client, engine.url, key, {"message": message, "task_id": task_id})
+        )
+        await answer_when_asked(
+            client, engine.url, key, task_id, {"answer": "no", "feedback": "not today"}
+        )
+        got = await turn
+    result = by_type(got, "tool_result")[0]
+    assert "denied" in result["error"] and "not today" in result["error"]
+    assert "not today" in got.text  # the model saw the refusal and its feedback
+    assert not (workspace_root / task_id / "x.txt").exists()
+    assert got.events[-1]["phase"] == "completed"
+
+
+async def test_a_waiting_task_refuses_new_messages_and_bad_answers(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    task_id = f"wait-{secrets.token_hex(4)}"
+    message = tool_script({"name": "bash", "input": {"command": "true"}})
+    headers = {"X-Engine-Key": key}
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await stream(
+            client,
+            "POST",
+            f"{engine.url}/execute",
+            key=key,
+            json={"message": message, "task_id": task_id},
+            limit=5,
+        )
+        assert first.types[-1] == "hitl_request"
+        busy = await client.post(
+            f"{engine.url}/execute",
+            json={"message": "hello?", "task_id": task_id},
+            headers=headers,
+        )
+        malformed = await client.post(
+            f"{engine.url}/hitl/respond",
+            json={"task_id": task_id, "answer": "maybe"},
+            headers=headers,
+        )
+        nothing = await client.post(
+            f"{engine.url}/hitl/respond",
+            json={"task_id": "no-such-task", "answer": "yes"},
+            headers=headers,
+        )
+        missing_answer = await client.post(
+            f"{engine.url}/hitl/respond", json={"task_id": task_id}, headers=headers
+        )
+        other_tenant = await client.get(
+            f"{engine.url}/hitl/pending", headers={"X-Engine-Key": api_keys["other"]}
+        )
+        ok = await client.post(
+            f"{engine.url}/hitl/respond",
+            json={"task_id": task_id, "answer": "yes"},
+            headers=headers,
+        )
+    assert busy.status_code == 409 and busy.json()["error"] == "HITL_REQUIRED"
+    assert malformed.status_code == 422
+    assert nothing.status_code == 404 and nothing.json()["error"] == "HITL_NOT_FOUND"
+    assert missing_answer.status_code == 422
+    assert all(p["task_id"] != task_id for p in other_tenant.json()["pending"])
+    assert ok.status_code == 200
+
+
+async def test_tool_failure_is_a_result_not_a_crash(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(timeout=60) as client:
+        got = await execute(
+            client,
+            engine.url,
+            api_keys["main"],
+            {
+                "message": tool_script(
+                    {"name": "read_file", "input": {"path": "missing.txt"}},
+                    {"name": "list_dir", "input": {}},
+                )
+            },
+        )
+    results = by_type(got, "tool_result")
+    assert len(results) == 2
+    assert "FileNotFoundError" in results[0]["error"]
+    assert results[1]["output"]["entries"] == []
+    calls = [e["tool_call_id"] for e in by_type(got, "tool_call")]
+    assert [r["tool_call_id"] for r in results] == calls
+    assert got.events[-1]["phase"] == "completed"
