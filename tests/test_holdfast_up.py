@@ -1,0 +1,95 @@
+"""`holdfast up` from the outside: embedded servers, a turn, a restart that keeps everything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.processes import free_port
+from tests.sse_client import execute, replay
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+KEY = "hf_up_test_key_0123456789abcdef"
+
+
+def start_up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
+    env.update(
+        HOLDFAST_DATA_DIR=str(data_dir),
+        HOLDFAST_PORT=str(port),
+        HOLDFAST_API_KEY=KEY,
+        HOLDFAST_MODEL="scripted",
+        HOLDFAST_HEARTBEAT_SECONDS="1",
+    )
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "holdfast", "up"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, f"holdfast up exited: {log.read_text()[-3000:]}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"not healthy: {log.read_text()[-3000:]}"
+        time.sleep(0.25)
+    # The gateway answers before a loop-worker may be up: wait for one.
+    while True:
+        assert time.monotonic() < deadline, "no loop-worker came up"
+        probe = httpx.post(
+            f"http://127.0.0.1:{port}/execute",
+            json={"message": "ping", "model": "scripted", "task_id": "readiness"},
+            headers={"X-Engine-Key": KEY},
+            timeout=30,
+        )
+        if probe.status_code == 200:
+            break
+        time.sleep(0.25)
+    return proc
+
+
+def stop_up(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0
+
+
+async def test_restart_keeps_tasks_and_events(tmp_path: Path) -> None:
+    data_dir, log = tmp_path / "data", tmp_path / "up.log"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start_up(data_dir, port, log)
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = await execute(client, base, KEY, {"message": "before restart"})
+        task_id = first.headers["x-task-id"]
+        assert first.events[-1]["phase"] == "completed"
+    finally:
+        stop_up(proc)
+    assert (data_dir / "redis").exists() and (data_dir / "postgres").exists()
+
+    proc = start_up(data_dir, port, log)
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            replayed = await replay(client, base, KEY, {"task_id": task_id, "after": 0})
+            second = await execute(
+                client, base, KEY, {"message": "after restart", "task_id": task_id}
+            )
+    finally:
+        stop_up(proc)
+    assert replayed.events == first.events
+    assert second.seqs[0] == first.seqs[-1] + 1
+    assert second.text == "You said: after restart Earlier you said: before restart"
