@@ -204,3 +204,58 @@ async def test_tool_failure_is_a_result_not_a_crash(
     calls = [e["tool_call_id"] for e in by_type(got, "tool_call")]
     assert [r["tool_call_id"] for r in results] == calls
     assert got.events[-1]["phase"] == "completed"
+
+
+async def test_workspaces_are_per_task_and_go_with_the_task(
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path, sessions: Any
+) -> None:
+    key = api_keys["main"]
+    mine, other = f"ws-a-{secrets.token_hex(3)}", f"ws-b-{secrets.token_hex(3)}"
+    (workspace_root / mine).mkdir()
+    (workspace_root / mine / "kept.txt").write_text("turn one")
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await execute(
+            client,
+            engine.url,
+            key,
+            {"message": tool_script({"name": "list_dir", "input": {}}), "task_id": mine},
+        )
+        second = await execute(
+            client,
+            engine.url,
+            key,
+            {
+                "message": tool_script({"name": "read_file", "input": {"path": "kept.txt"}}),
+                "task_id": mine,
+            },
+        )
+        peek = await execute(
+            client,
+            engine.url,
+            key,
+            {
+                "message": tool_script(
+                    {"name": "read_file", "input": {"path": f"../{mine}/kept.txt"}}
+                ),
+                "task_id": other,
+            },
+        )
+        refused = await client.delete(
+            f"{engine.url}/tasks/{mine}", headers={"X-Engine-Key": api_keys["other"]}
+        )
+        deleted = await client.delete(f"{engine.url}/tasks/{mine}", headers={"X-Engine-Key": key})
+        gone = await client.get(
+            f"{engine.url}/execute/replay", params={"task_id": mine}, headers={"X-Engine-Key": key}
+        )
+    names = [e["name"] for e in by_type(first, "tool_result")[0]["output"]["entries"]]
+    assert names == ["kept.txt"]
+    assert by_type(second, "tool_result")[0]["output"]["content"] == "turn one"
+    assert "error" in by_type(peek, "tool_result")[0]  # another task's workspace is not there
+    assert refused.status_code == 404
+    assert deleted.status_code == 200
+    assert gone.status_code == 404
+    for _ in range(100):
+        if not (workspace_root / mine).exists():
+            break
+        await asyncio.sleep(0.05)
+    assert not (workspace_root / mine).exists()

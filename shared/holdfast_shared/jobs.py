@@ -100,3 +100,21 @@ class InboxMessage(BaseModel):
         if raw is None:
             raise ValueError("inbox entry has no 'msg' field")
         return cls.model_validate_json(raw)
+
+
+class WorkspaceRemoval(BaseModel):
+    """A deleted task's workspace to remove: sent on ``Keys.tools`` beside tool calls."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+
+    FIELD: ClassVar[str] = "remove_workspace"
+
+    def to_fields(self) -> dict[str, str]:
+        return {self.FIELD: self.model_dump_json()}
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> WorkspaceRemoval | None:
+        raw = fields.get(cls.FIELD)
+        return None if raw is None else cls.model_validate_json(raw)

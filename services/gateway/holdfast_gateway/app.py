@@ -16,7 +16,7 @@ from holdfast_shared.turnlock import TurnLock
 from holdfast_gateway import errors
 from holdfast_gateway.auth import KeyAuthenticator
 from holdfast_gateway.fanout import Hub
-from holdfast_gateway.routes import execute, health, hitl, replay
+from holdfast_gateway.routes import execute, health, hitl, replay, tasks
 from holdfast_gateway.state import GatewayState
 
 
@@ -62,5 +62,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(execute.router)
     app.include_router(replay.router)
     app.include_router(hitl.router)
+    app.include_router(tasks.router)
     app.include_router(health.router)
     return app

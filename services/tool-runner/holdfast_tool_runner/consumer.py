@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 
-from holdfast_shared.jobs import ToolCallJob
+from holdfast_shared.jobs import ToolCallJob, WorkspaceRemoval
 from holdfast_shared.keys import TOOLS_GROUP, Keys
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -104,6 +104,11 @@ class ToolConsumer:
 
     async def _handle(self, entry: Entry) -> None:
         entry_id, fields = entry
+        removal = WorkspaceRemoval.from_fields(fields)
+        if removal is not None:
+            await self._remove_workspace(removal.task_id)
+            await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+            return
         try:
             job = ToolCallJob.from_fields(fields)
         except ValueError:
@@ -124,6 +129,12 @@ class ToolConsumer:
             "error" if outcome.error else "ok",
         )
         await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+
+    async def _remove_workspace(self, task_id: str) -> None:
+        path = self.workspaces.path(task_id)
+        await reap_leftovers(path)
+        removed = await asyncio.to_thread(self.workspaces.remove, task_id)
+        log.info("task %s deleted: workspace %s", task_id, "removed" if removed else "absent")
 
     async def _reap_requests(self) -> None:
         pubsub = self.redis.pubsub()
