@@ -1,0 +1,82 @@
+"""The values that cross the sandbox boundary: what a call may do, and what came of it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox could not be set up, so the command was not run. The message says why."""
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What one sandboxed call may use.
+
+    ``workspace`` is the only writable host directory (mounted at ``/workspace``, the
+    working directory). Everything else is a limit; the defaults suit a shell tool call.
+    """
+
+    workspace: Path
+    network: bool = False
+    timeout_seconds: float = 60.0
+    memory_bytes: int = 1 * GiB
+    pids_max: int = 256
+    # CPU time per wall-clock second, in cores (cgroup cpu.max); 1.0 is one full core.
+    cpu_quota: float = 1.0
+    # Cap on each of stdout and stderr; the rest is read and discarded.
+    max_output_bytes: int = 64 * KiB
+    # Largest file a process may write (RLIMIT_FSIZE): the disk-fill guard.
+    file_size_bytes: int = 256 * MiB
+    # Size of each private tmpfs (/tmp and /dev/shm), which live in host memory.
+    tmpfs_bytes: int = 64 * MiB
+
+    def __post_init__(self) -> None:
+        if not self.workspace.is_absolute():
+            raise ValueError(f"workspace must be an absolute path, got {self.workspace}")
+        for name in (
+            "timeout_seconds",
+            "memory_bytes",
+            "pids_max",
+            "cpu_quota",
+            "max_output_bytes",
+            "file_size_bytes",
+            "tmpfs_bytes",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What a sandboxed call did.
+
+    ``exit_code`` is None when the sandbox was killed from outside (timeout, reaped,
+    or the memory limit killed the whole group). An exit code above 128 is read as
+    death by signal 128+N (as shells do, and as bubblewrap reports it), which sets
+    ``killed_reason``: ``"timeout"``, ``"reaped"``, ``"memory"``, ``"file_size"``,
+    ``"cpu_time"`` or ``"signal:SIGNAME"``. ``limit_events`` names the limits the
+    call ran into even if it survived them (``"pids"``, ``"memory"``), and
+    ``mechanisms`` says how each limit was enforced on this host.
+    """
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    truncated: bool
+    timed_out: bool
+    killed_reason: str | None
+    duration_ms: float
+    limit_events: tuple[str, ...] = ()
+    mechanisms: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.killed_reason is None

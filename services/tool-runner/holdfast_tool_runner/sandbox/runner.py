@@ -1,0 +1,355 @@
+"""Run one command in the sandbox, and clean up after a task's turn.
+
+A call: check the host once (bwrap, perl, Landlock ABI, seccomp program,
+cgroups), create the call's cgroup, spawn ``bwrap ... -- perl shim ... -- argv``
+as a new session whose child joins the cgroup and sets rlimits before exec, read
+stdout/stderr up to the cap (discarding the rest so the command never blocks on a
+full pipe), and on the wall-clock timeout kill everything: ``cgroup.kill``, the
+session's process group, and bwrap's pid namespace, whose processes the kernel
+kills when bwrap's init exits. The result is trusted only if the shim reported
+that the sandbox was fully set up; otherwise ``SandboxUnavailable`` says why and
+nothing ran unsandboxed.
+
+Leftovers: a process a command leaves in the background dies with the call's pid
+namespace when the command exits. ``reap_leftovers(workspace)`` is the turn-end
+watchdog on top of that: it kills every call still running for that workspace in
+this process and every cgroup tagged with the workspace, including ones left behind
+by a runner that crashed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from . import bwrap as bw
+from . import landlock, seccomp
+from .limits import CallLimits, Hierarchies, hierarchies
+from .policy import SandboxPolicy, SandboxResult, SandboxUnavailable
+
+_KILL_GRACE_SECONDS = 2.0
+_READ_CHUNK = 64 * 1024
+_SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib", "/lib64", "/boot")
+
+
+@dataclass(frozen=True)
+class Host:
+    """What this host offers, found once per process."""
+
+    bwrap: str
+    perl: str
+    landlock_abi: int
+    cgroups: Hierarchies
+    private_devices: Path | None
+
+
+@functools.cache
+def _host() -> Host:
+    # Not cached when it raises: a host fixed later (bwrap installed) is picked up.
+    found = shutil.which("bwrap")
+    if found is None:
+        raise SandboxUnavailable("bwrap: bubblewrap is not installed (apt-get install bubblewrap)")
+    if not os.access(landlock.PERL, os.X_OK):
+        raise SandboxUnavailable(
+            f"landlock: {landlock.PERL} is missing; the in-sandbox shim needs it "
+            "(Debian: perl-base, which is Essential)"
+        )
+    try:
+        abi = landlock.kernel_abi()
+    except OSError as exc:
+        raise SandboxUnavailable(f"landlock: cannot query the kernel: {exc}") from exc
+    for network in (False, True):
+        seccomp.filter_program(network=network)
+    found_cgroups = hierarchies()
+    found_cgroups.mechanisms()  # fails closed if processes cannot be bounded
+    devices = bw.private_devices() if os.geteuid() == 0 else None
+    return Host(found, landlock.PERL, abi, found_cgroups, devices)
+
+
+def host() -> Host:
+    """The host's sandbox facilities; raises SandboxUnavailable naming what is missing."""
+    return _host()
+
+
+def workspace_tag(workspace: Path) -> str:
+    return hashlib.sha256(str(workspace).encode()).hexdigest()[:16]
+
+
+def _check_workspace(workspace: Path) -> Path:
+    try:
+        resolved = workspace.resolve(strict=True)
+    except OSError as exc:
+        raise SandboxUnavailable(f"workspace {workspace}: {exc.strerror}") from exc
+    if not resolved.is_dir():
+        raise SandboxUnavailable(f"workspace {workspace} is not a directory")
+    if resolved == Path("/") or any(
+        resolved == Path(d) or Path(d) in resolved.parents for d in _SYSTEM_DIRS
+    ):
+        raise SandboxUnavailable(f"workspace {resolved} is (inside) a system directory")
+    if os.geteuid() == 0 and not any(_closed_to_others(p) for p in resolved.parents):
+        # Files the sandbox creates are owned by root on the host and it may set their
+        # setuid bit; no other host user may be able to reach them. (Not the workspace
+        # itself: the sandbox owns it and could chmod it open.)
+        raise SandboxUnavailable(
+            f"workspace {resolved}: no parent directory is closed to other users "
+            "(owned by root, not searchable by others, e.g. mode 0700); put workspaces under one"
+        )
+    return resolved
+
+
+def _closed_to_others(directory: Path) -> bool:
+    st = directory.stat()
+    group_ok = st.st_gid == 0 or not st.st_mode & stat.S_IXGRP
+    return st.st_uid == 0 and not st.st_mode & stat.S_IXOTH and group_ok
+
+
+class _Capture:
+    """One output stream, kept up to ``cap`` bytes; the rest is read and dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+
+    async def pump(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(_READ_CHUNK):
+            room = self.cap - len(self.data)
+            if len(chunk) > room:
+                self.truncated = True
+            if room > 0:
+                self.data += chunk[:room]
+
+    def text(self) -> str:
+        text = self.data.decode("utf-8", errors="replace")
+        if self.truncated:
+            text += f"\n[... output truncated at {self.cap} bytes]"
+        return text
+
+
+class _Call:
+    """A call, registered from before its spawn so the turn-end watchdog can find it."""
+
+    def __init__(self, limits: CallLimits) -> None:
+        self.limits = limits
+        self.process: asyncio.subprocess.Process | None = None
+        self.reaped = False
+
+    def kill(self) -> None:
+        self.limits.kill()
+        # Only while not waited for: until then the process group id is still ours.
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+_running: dict[str, set[_Call]] = {}
+
+
+def _forget(tag: str, call: _Call) -> None:
+    calls = _running.get(tag, set())
+    calls.discard(call)
+    if not calls:
+        _running.pop(tag, None)
+
+
+def _pipe_with(data: bytes) -> int:
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data)  # small: fits the pipe buffer
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def _killed_reason(code: int, events: tuple[str, ...]) -> str | None:
+    if code < 0:  # bwrap itself was killed (the memory cgroup's OOM takes the group)
+        sig = -code
+    elif code > 128:  # bwrap reports a command killed by signal N as 128 + N
+        sig = code - 128
+    else:
+        return None
+    if sig == signal.SIGKILL and "memory" in events:
+        return "memory"
+    if sig == signal.SIGXFSZ:
+        return "file_size"
+    if sig == signal.SIGXCPU:
+        return "cpu_time"
+    try:
+        return f"signal:{signal.Signals(sig).name}"
+    except ValueError:
+        return None
+
+
+async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stdin.write(data)
+        await stdin.drain()
+    stdin.close()
+
+
+async def run_sandboxed(
+    argv: list[str], policy: SandboxPolicy, *, stdin: bytes | None = None
+) -> SandboxResult:
+    """Run ``argv`` in the sandbox described by ``policy`` and report what happened.
+
+    The command runs in /workspace (the policy's workspace) with ``stdin`` (or an
+    empty stdin), a scrubbed environment, and the policy's limits. Never raises for
+    anything the command does; raises SandboxUnavailable, without running anything,
+    if the sandbox cannot be set up.
+    """
+    if not argv:
+        raise ValueError("argv is empty")
+    found = host()
+    workspace = _check_workspace(policy.workspace)
+    tag = workspace_tag(workspace)
+    limits = CallLimits(policy, tag, found.cgroups)
+    call = _Call(limits)
+    _running.setdefault(tag, set()).add(call)
+    status_read, status_write = os.pipe()
+    child_fds = [status_write]  # the child's copies; ours close once it is spawned
+    try:
+        seccomp_fd = seccomp.program_fd(network=policy.network)
+        child_fds.append(seccomp_fd)
+        etc_fds: dict[str, int] = {}
+        for path, data in bw.generated_etc().items():
+            etc_fds[path] = _pipe_with(data)
+            child_fds.append(etc_fds[path])
+        inner = landlock.shim_command(
+            perl=found.perl,
+            status_fd=status_write,
+            abi=found.landlock_abi,
+            deny_tcp=not policy.network,
+            read_paths=bw.READ_PATHS,
+            write_paths=bw.WRITE_PATHS,
+            device_paths=bw.DEVICE_PATHS,
+            command=argv,
+        )
+        args = bw.bwrap_argv(
+            found.bwrap,
+            policy,
+            workspace,
+            seccomp_fd=seccomp_fd,
+            etc_fds=etc_fds,
+            devices=found.private_devices,
+            command=inner,
+        )
+        started = time.monotonic()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *args,
+                # Always a pipe, never the host's /dev/null: an inherited host inode
+                # could be fchmod-ed by the sandbox (see bwrap.py).
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=child_fds,
+                preexec_fn=limits.preexec,
+                start_new_session=True,
+                env={"PATH": "/usr/bin:/bin"},
+            )
+        except (OSError, subprocess.SubprocessError) as exc:  # preexec_fn failed: the latter
+            raise SandboxUnavailable(f"cannot start bwrap: {exc}") from exc
+    except BaseException:
+        _forget(tag, call)
+        os.close(status_read)
+        limits.discard()
+        raise
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+    limits.spawned()
+    os.set_blocking(status_read, False)
+
+    call.process = process
+    if call.reaped:  # reaped while spawning, perhaps before the child joined its cgroup
+        call.kill()
+    out, err = _Capture(policy.max_output_bytes), _Capture(policy.max_output_bytes)
+    assert process.stdout is not None and process.stderr is not None and process.stdin
+    pumps = [
+        asyncio.create_task(out.pump(process.stdout)),
+        asyncio.create_task(err.pump(process.stderr)),
+    ]
+    feeder = asyncio.create_task(_feed(process.stdin, stdin or b""))
+    timed_out = False
+    duration_ms = 0.0
+    try:
+        try:
+            async with asyncio.timeout(policy.timeout_seconds):
+                await process.wait()
+                await asyncio.gather(*pumps)
+        except TimeoutError:
+            timed_out = True
+        duration_ms = (time.monotonic() - started) * 1000
+    finally:
+        call.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), _KILL_GRACE_SECONDS)
+        _, pending = await asyncio.wait([*pumps, feeder], timeout=_KILL_GRACE_SECONDS)
+        for task in pending:  # only if something outside the sandbox holds a pipe
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        events = limits.events()
+        await limits.release()
+        _forget(tag, call)
+        try:
+            status = os.read(status_read, 4096)
+        except BlockingIOError:
+            status = b""
+        os.close(status_read)
+
+    code = process.returncode
+    if call.reaped:
+        reason: str | None = "reaped"
+    elif timed_out:
+        reason = "timeout"
+    else:
+        if not status.startswith(b"K"):
+            detail = status[1:].decode(errors="replace") or err.text().strip()
+            raise SandboxUnavailable(f"sandbox set-up failed: {detail or f'exit {code}'}")
+        reason = _killed_reason(code if code is not None else -signal.SIGKILL, events)
+    return SandboxResult(
+        exit_code=None if reason in ("timeout", "reaped") or code is None or code < 0 else code,
+        stdout=out.text(),
+        stderr=err.text(),
+        truncated=out.truncated or err.truncated,
+        timed_out=timed_out,
+        killed_reason=reason,
+        duration_ms=duration_ms,
+        limit_events=events,
+        mechanisms=MappingProxyType(limits.mechanisms.as_dict()),
+    )
+
+
+async def reap_leftovers(workspace: Path) -> int:
+    """Turn-end watchdog: kill everything still running for ``workspace``.
+
+    Kills the calls this process is running for it (they return with
+    ``killed_reason="reaped"``) and every cgroup tagged with the workspace, which also
+    covers calls started by a runner process that has since died. Returns how many
+    calls or cgroups it found.
+    """
+    tag = workspace_tag(await asyncio.to_thread(workspace.resolve))
+    calls = list(_running.get(tag, ()))
+    owned: set[Path] = set()
+    for call in calls:
+        call.reaped = True
+        call.kill()
+        owned.update(c.path for c in call.limits.cgroups)
+    try:
+        leaves = list(host().cgroups.leaves(tag))
+    except SandboxUnavailable:
+        leaves = []
+    for cgroup in leaves:
+        await cgroup.remove()
+    return len(calls) + len([c for c in leaves if c.path not in owned])
