@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_shared.db.models import Message
@@ -39,15 +39,18 @@ def user_content(text: str, media: list[dict[str, Any]] | None = None) -> dict[s
     return content
 
 
-async def load_history(session: AsyncSession, task_id: str) -> list[ChatMessage]:
-    """Every message of the task, oldest first."""
-    rows = (
-        await session.execute(
-            select(Message.role, Message.content, Message.turn_id)
-            .where(Message.task_id == task_id)
-            .order_by(Message.id)
-        )
-    ).all()
+async def load_history(
+    session: AsyncSession, task_id: str, *, cutoff: tuple[str, int] | None = None
+) -> list[ChatMessage]:
+    """Every message of the task, oldest first.
+
+    ``cutoff=(turn_id, position)`` leaves out that turn's messages from
+    ``position`` on: what a step cut off by a crash had stored already.
+    """
+    query = select(Message.role, Message.content, Message.turn_id).where(Message.task_id == task_id)
+    if cutoff is not None:
+        query = query.where(or_(Message.turn_id != cutoff[0], Message.position < cutoff[1]))
+    rows = (await session.execute(query.order_by(Message.id))).all()
     return [
         ChatMessage(
             role=role,

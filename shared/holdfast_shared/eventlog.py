@@ -39,8 +39,9 @@ from holdfast_shared.keys import Keys
 
 log = logging.getLogger(__name__)
 
-# KEYS: events stream, archived watermark.
-# ARGV: task_id, turn_id ('' = null), floor seq ('' = unknown), floor ts, then
+# KEYS: events stream, archived watermark, the task's turn lock.
+# ARGV: task_id, turn_id ('' = null), floor seq ('' = unknown), floor ts,
+#       release ('1' = release the turn lock if turn_id holds it), then
 #       (type, body) pairs. Returns {first_seq, ts_1, ..., ts_n}, or {-1} when
 #       the stream is gone and the caller must supply the floor from PostgreSQL.
 _APPEND = """
@@ -63,7 +64,7 @@ local turn = 'null'
 if ARGV[2] ~= '' then turn = '"' .. ARGV[2] .. '"' end
 local head = '{"task_id":"' .. ARGV[1] .. '","turn_id":' .. turn .. ',"seq":'
 local out = {seq + 1}
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   seq = seq + 1
   if now > ts then ts = now else ts = ts + 1 end
   local data = head .. string.format('%d', seq) .. ',"timestamp":' .. string.format('%d', ts)
@@ -74,6 +75,9 @@ for i = 5, #ARGV, 2 do
 end
 redis.call('PERSIST', KEYS[1])
 redis.call('PERSIST', KEYS[2])
+if ARGV[5] == '1' and redis.call('GET', KEYS[3]) == ARGV[2] then
+  redis.call('DEL', KEYS[3])
+end
 return out
 """
 
@@ -176,17 +180,28 @@ class EventLog:
         bodies: Sequence[tuple[str, str]],
         *,
         new_task: bool = False,
+        release_lock: bool = False,
     ) -> Appended:
-        """Like :meth:`append`, for callers that serialised the bodies already."""
+        """Like :meth:`append`, for callers that serialised the bodies already.
+
+        ``release_lock`` frees the task's turn lock (if ``turn_id`` holds it) in
+        the same atomic step as the append: the terminal event of a turn and
+        the task becoming free for its next message are one moment.
+        """
         if not bodies:
             raise ValueError("nothing to append")
         flat: list[str] = []
         for event_type, body in bodies:
             flat += (event_type, body)
         floor: tuple[str, str] = ("0", "0") if new_task else ("", "")
-        keys = [self.keys.events(task_id), self.keys.archived(task_id)]
+        keys = [
+            self.keys.events(task_id),
+            self.keys.archived(task_id),
+            self.keys.running_turn(task_id),
+        ]
+        release = "1" if release_lock else ""
         while True:
-            result = await self._call_append(keys, task_id, turn_id, floor, flat)
+            result = await self._call_append(keys, task_id, turn_id, (*floor, release), flat)
             if result[0] != -1:
                 return Appended(int(result[0]), tuple(int(ts) for ts in result[1:]))
             seq, ts = await self._pg_floor(task_id)
@@ -197,10 +212,10 @@ class EventLog:
         keys: list[str],
         task_id: str,
         turn_id: str | None,
-        floor: tuple[str, str],
+        head: tuple[str, str, str],
         flat: list[str],
     ) -> list[int]:
-        args = [task_id, turn_id or "", *floor, *flat]
+        args = [task_id, turn_id or "", *head, *flat]
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._append(keys=keys, args=args, client=pipe)
             # Bumped after the append, so the archiver never clears a mark

@@ -108,6 +108,21 @@ class CompactionEvent(_Event):
     summary_tokens: int | None = None
 
 
+class TurnResumed(_Event):
+    """The turn continues on another worker (or after a restart) from its last snapshot.
+
+    Events ``discard_from_seq``..``discard_to_seq`` (when present) were the
+    partial output of a step that was cut off and is now run again: a client
+    drops them (e.g. the text deltas of an interrupted model call) and shows
+    what follows instead.
+    """
+
+    type: Literal["turn_resumed"] = "turn_resumed"
+    reason: str
+    discard_from_seq: int | None = None
+    discard_to_seq: int | None = None
+
+
 class Heartbeat(_Event):
     type: Literal["heartbeat"] = "heartbeat"
 
@@ -135,6 +150,7 @@ Event = Annotated[
     | HitlResolved
     | WorkingMemoryUpdate
     | CompactionEvent
+    | TurnResumed
     | Heartbeat
     | Usage,
     Field(discriminator="type"),
@@ -156,6 +172,7 @@ EVENT_TYPES = frozenset(
         HitlResolved,
         WorkingMemoryUpdate,
         CompactionEvent,
+        TurnResumed,
         Heartbeat,
         Usage,
     )

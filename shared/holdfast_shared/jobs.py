@@ -19,14 +19,23 @@ class TurnJob(BaseModel):
     task_id: str
     turn_id: str
     tenant_id: str
-    message_id: int
+    message_id: int | None = None
     agent: str | None = None
     model: str | None = None
     direct: bool = False
     media: list[dict[str, Any]] = []
-    enqueued_at_ms: int
+    enqueued_at_ms: int = 0
+    # Set when the job continues a turn that already ran (after a crash, a
+    # hand-back on shutdown, an answered question or a lost Redis): the
+    # worker picks it up from its last snapshot.
+    resume: bool = False
 
     FIELD: ClassVar[str] = "job"
+
+    @classmethod
+    def resuming(cls, tenant_id: str, task_id: str, turn_id: str) -> TurnJob:
+        """A job that continues an existing turn from its snapshot."""
+        return cls(task_id=task_id, turn_id=turn_id, tenant_id=tenant_id, resume=True)
 
     def to_fields(self) -> dict[str, str]:
         return {self.FIELD: self.model_dump_json()}
@@ -81,11 +90,11 @@ class ToolOutcome(BaseModel):
 
 
 class InboxMessage(BaseModel):
-    """A reply to a loop-worker: a tool outcome or a HITL answer, by correlation id."""
+    """A reply to a loop-worker (a tool outcome), by correlation id."""
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["tool_result", "hitl_answer"]
+    kind: Literal["tool_result"]
     correlation_id: str
     payload: dict[str, Any]
 

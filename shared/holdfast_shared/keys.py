@@ -61,6 +61,15 @@ class Keys:
         """Highest seq of the task already written to PostgreSQL."""
         return f"{self.prefix}task:{{{task_id}}}:archived"
 
+    def cancel(self, task_id: str) -> str:
+        """Id of the task's turn that was asked to stop (``POST /execute/cancel``)."""
+        return f"{self.prefix}task:{{{task_id}}}:cancel"
+
+    @property
+    def cancels(self) -> str:
+        """Pub/sub channel: ``<task_id> <turn_id>`` of a turn to stop now."""
+        return f"{self.prefix}cancels"
+
     def running_turn(self, task_id: str) -> str:
         """Id of the task's running turn; its presence is the one-turn-per-task lock."""
         return f"{self.prefix}task:{{{task_id}}}:turn"

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     max_iterations: int = 25
     turn_deadline_seconds: int = 3600
     lease_seconds: int = 10
+    # On SIGTERM a loop-worker lets running turns finish this long, then hands
+    # the rest to other workers.
+    drain_seconds: float = 30.0
 
     # Tool permissions per agent: {"<agent or *>": {"<tool>": "allow"|"ask"|"deny"}};
     # unset tools fall back to holdfast_shared.tools.DEFAULT_PERMISSIONS.

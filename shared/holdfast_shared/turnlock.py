@@ -6,6 +6,16 @@ from redis.asyncio import Redis
 
 from holdfast_shared.keys import Keys
 
+# Take the lock for this turn, or refresh it if the turn already holds it.
+_ENSURE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -18,6 +28,7 @@ class TurnLock:
         self.keys = keys
         self.ttl_seconds = ttl_seconds
         self._release = redis.register_script(_RELEASE)
+        self._ensure = redis.register_script(_ENSURE)
 
     async def acquire(self, task_id: str, turn_id: str) -> bool:
         """Take the lock for ``turn_id``; False when another turn holds it."""
@@ -25,6 +36,17 @@ class TurnLock:
             self.keys.running_turn(task_id), turn_id, nx=True, ex=self.ttl_seconds
         )
         return bool(ok)
+
+    async def ensure(self, task_id: str, turn_id: str) -> bool:
+        """Hold the lock for a turn being resumed (it may have expired, or Redis lost it)."""
+        return await self.extend(task_id, turn_id, self.ttl_seconds)
+
+    async def extend(self, task_id: str, turn_id: str, ttl_seconds: int) -> bool:
+        """Keep the lock for ``ttl_seconds`` more; False if another turn holds it."""
+        result = await self._ensure(
+            keys=[self.keys.running_turn(task_id)], args=[turn_id, ttl_seconds]
+        )
+        return bool(result)
 
     async def release(self, task_id: str, turn_id: str) -> bool:
         """Release only if ``turn_id`` still holds it (never another turn's lock)."""

@@ -16,7 +16,7 @@ from holdfast_shared.turnlock import TurnLock
 from holdfast_gateway import errors
 from holdfast_gateway.auth import KeyAuthenticator
 from holdfast_gateway.fanout import Hub
-from holdfast_gateway.routes import execute, health, hitl, replay, tasks
+from holdfast_gateway.routes import cancel, execute, health, hitl, replay, tasks
 from holdfast_gateway.state import GatewayState
 
 
@@ -61,6 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(execute.router)
     app.include_router(replay.router)
+    app.include_router(cancel.router)
     app.include_router(hitl.router)
     app.include_router(tasks.router)
     app.include_router(health.router)

@@ -98,7 +98,9 @@ async def start_turn(
     appended = None
     try:
         async with state.sessions.begin() as session:
-            session.add(Turn(id=turn_id, task_id=task_id, status="queued"))
+            session.add(
+                Turn(id=turn_id, task_id=task_id, status="queued", agent=agent, model=model)
+            )
             await session.flush()
             msg = Message(
                 task_id=task_id,

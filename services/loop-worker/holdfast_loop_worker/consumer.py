@@ -1,33 +1,62 @@
 """Consume turn jobs from ``Keys.turns`` through the ``loop-workers`` group.
 
-Each job runs as its own asyncio task, up to ``worker_concurrency`` at once;
-a job is acknowledged only after its turn reached a terminal event and the
-task's turn lock was released.
+Each job runs as its own asyncio task, up to ``worker_concurrency`` at once,
+and is acknowledged once its turn ended, parked or was handed back.
+
+Keeping turns alive through failures:
+
+* lease — every ``lease/3`` s the worker renews the PostgreSQL leases of its
+  turns and resets the idle time of their stream entries (``XCLAIM …
+  JUSTID``); a dead worker does neither, so after ``HOLDFAST_LEASE_SECONDS``
+  its entries are taken over with ``XAUTOCLAIM`` by any live worker, which
+  continues the turn from its snapshot;
+* cancel — ``POST /execute/cancel`` publishes on ``Keys.cancels``; the worker
+  running the turn cancels it at once;
+* drain — on SIGTERM no new job is taken; running turns get
+  ``HOLDFAST_DRAIN_SECONDS`` to finish, the rest are snapshotted and queued
+  again for another worker;
+* Redis loss — when the turns group is missing (Redis restarted empty) it is
+  recreated and every unfinished turn whose lease ran out is queued again
+  from PostgreSQL (``recovery.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
-from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.turn import TurnContext, TurnRunner
 
 log = logging.getLogger(__name__)
 
+BLOCK_MS = 1000
 
-async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> bool:
+    """Create the group (and stream) if missing; True when this call created it."""
     try:
         # "0": jobs enqueued before the first worker ever started still run.
         await redis.xgroup_create(stream, group, id="0", mkstream=True)
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+        return False
+    return True
+
+
+class _Running:
+    def __init__(self, entry_id: str, runner: TurnRunner, task: asyncio.Task[None]) -> None:
+        self.entry_id = entry_id
+        self.runner = runner
+        self.task = task
 
 
 class TurnConsumer:
@@ -36,73 +65,167 @@ class TurnConsumer:
         redis: Redis,
         keys: Keys,
         ctx: TurnContext,
-        lock: TurnLock,
+        leases: Leases,
         *,
         consumer_name: str,
         concurrency: int,
+        lease_seconds: int,
+        drain_seconds: float,
+        on_group_created: Callable[[], Awaitable[None]],
     ) -> None:
         self.redis = redis
         self.keys = keys
         self.ctx = ctx
-        self.lock = lock
+        self.leases = leases
         self.consumer_name = consumer_name
         self.concurrency = concurrency
-        self._running: set[asyncio.Task[None]] = set()
+        self.lease_ms = lease_seconds * 1000
+        self.drain_seconds = drain_seconds
+        self.on_group_created = on_group_created
+        self._running: dict[str, _Running] = {}  # by turn id
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Take jobs until ``stop`` is set, then wait for the turns in flight."""
-        await ensure_group(self.redis, self.keys.turns, TURNS_GROUP)
+        """Take jobs until ``stop`` is set, then drain and hand back."""
+        await self._ensure_group()
+        helpers = [
+            asyncio.create_task(self._renew_forever(), name="lease-renewal"),
+            asyncio.create_task(self._listen_for_cancels(), name="cancels"),
+        ]
         stop_wait = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
                 free = self.concurrency - len(self._running)
                 if free <= 0:
-                    await asyncio.wait(
-                        [stop_wait, *self._running], return_when=asyncio.FIRST_COMPLETED
-                    )
+                    tasks = [r.task for r in self._running.values()]
+                    await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
                     continue
-                read = asyncio.create_task(
-                    self.redis.xreadgroup(
-                        TURNS_GROUP,
-                        self.consumer_name,
-                        {self.keys.turns: ">"},
-                        count=free,
-                        block=1000,
-                    )
-                )
+                read = asyncio.create_task(self._next_entries(free))
                 await asyncio.wait([read, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-                if not read.done():
-                    # Stopping: the read may still hand us jobs; they stay
-                    # pending in the group for another worker if we drop them,
-                    # so cancel only after it returns.
-                    response = await read
-                else:
-                    response = read.result()
-                for _stream, entries in response or []:
-                    for entry_id, fields in entries:
-                        self._start(entry_id, fields)
+                # Entries already read are ours now: start them even when stopping,
+                # the drain below hands them back properly.
+                for entry_id, fields, reason in await read:
+                    await self._start(entry_id, fields, reason)
+            await self._drain()
         finally:
             stop_wait.cancel()
-            if self._running:
-                await asyncio.gather(*self._running, return_exceptions=True)
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
 
-    def _start(self, entry_id: str, fields: dict[str, str]) -> None:
-        task = asyncio.create_task(self._handle(entry_id, fields), name=f"turn:{entry_id}")
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+    # -- reading ---------------------------------------------------------------
+    async def _next_entries(self, count: int) -> list[tuple[str, dict[str, str], str | None]]:
+        try:
+            # Turns of workers that stopped renewing come first.
+            _cursor, claimed, *_ = await self.redis.xautoclaim(
+                self.keys.turns,
+                TURNS_GROUP,
+                self.consumer_name,
+                min_idle_time=self.lease_ms,
+                count=count,
+            )
+            entries = [(e[0], e[1], "worker_lost") for e in claimed if e and e[0] is not None]
+            if entries:
+                return entries
+            reply = await self.redis.xreadgroup(
+                TURNS_GROUP, self.consumer_name, {self.keys.turns: ">"}, count=count, block=BLOCK_MS
+            )
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("the turns group is gone (Redis lost its data?); rebuilding")
+            await self._ensure_group()
+            return []
+        return [(e[0], e[1], None) for _s, stream_entries in reply or [] for e in stream_entries]
 
-    async def _handle(self, entry_id: str, fields: dict[str, str]) -> None:
+    async def _ensure_group(self) -> None:
+        if await ensure_group(self.redis, self.keys.turns, TURNS_GROUP):
+            await self.on_group_created()
+
+    # -- running ---------------------------------------------------------------
+    async def _start(self, entry_id: str, fields: dict[str, str], reason: str | None) -> None:
         try:
             job = TurnJob.from_fields(fields)
         except ValueError:
             log.error("dropping malformed turn job %s: %r", entry_id, fields)
             await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
             return
-        try:
-            status = await TurnRunner(self.ctx, job).run()
-            log.info("turn %s of task %s %s", job.turn_id, job.task_id, status)
-            await self.lock.release(job.task_id, job.turn_id)
+        if job.turn_id in self._running:
+            # Already running here (a duplicate delivery): its own entry is
+            # acknowledged when it ends; this one carries nothing more.
             await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
+            return
+        resume_reason = reason or ("resumed" if job.resume else None)
+        runner = TurnRunner(self.ctx, job, resume_reason=resume_reason)
+        task = asyncio.create_task(self._handle(entry_id, job, runner), name=f"turn:{job.turn_id}")
+        self._running[job.turn_id] = _Running(entry_id, runner, task)
+        task.add_done_callback(lambda _: self._running.pop(job.turn_id, None))
+
+    async def _handle(self, entry_id: str, job: TurnJob, runner: TurnRunner) -> None:
+        try:
+            outcome = await runner.run()
+        except asyncio.CancelledError:
+            return  # shutting down without a hand-back: the entry stays pending
         except Exception:
-            # Left unacknowledged: the job stays pending for recovery.
-            log.exception("turn %s could not be finished", job.turn_id)
+            # Left unacknowledged: the job stays pending and is taken over.
+            log.exception("turn %s could not be run", job.turn_id)
+            return
+        log.info("turn %s of task %s: %s", job.turn_id, job.task_id, outcome)
+        await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
+
+    async def _drain(self) -> None:
+        if not self._running:
+            return
+        log.info("draining %d turn(s) for up to %gs", len(self._running), self.drain_seconds)
+        tasks = [r.task for r in self._running.values()]
+        _done, pending = await asyncio.wait(tasks, timeout=self.drain_seconds)
+        for running in list(self._running.values()):
+            if running.task in pending:
+                running.runner.stop_reason = "handoff"
+                running.task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+
+    # -- background duties -------------------------------------------------------
+    async def _renew_forever(self) -> None:
+        interval = self.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            running = list(self._running.values())
+            if not running:
+                continue
+            try:
+                await self.leases.renew(self._running.keys())
+                await self.redis.xclaim(
+                    self.keys.turns,
+                    TURNS_GROUP,
+                    self.consumer_name,
+                    min_idle_time=0,
+                    message_ids=[r.entry_id for r in running],
+                    justid=True,
+                )
+            except Exception:
+                log.warning("lease renewal failed; retrying", exc_info=True)
+
+    async def _listen_for_cancels(self) -> None:
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.keys.cancels)
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    _task_id, _, turn_id = str(message["data"]).partition(" ")
+                    running = self._running.get(turn_id)
+                    if running is not None:
+                        log.info("cancelling turn %s", turn_id)
+                        running.runner.stop_reason = "cancel"
+                        running.task.cancel()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("cancel listener failed; resubscribing", exc_info=True)
+                await asyncio.sleep(1)
+            finally:
+                await pubsub.aclose()

@@ -44,6 +44,16 @@ class Emitter:
                 self._writer = None
         return self.last_seq
 
+    async def finish(self, events: list[_Event]) -> int:
+        """Append the turn's last events and free the task in one atomic step."""
+        await self.drain()
+        bodies = [(event.type, body_json(event)) for event in events]
+        appended = await self._log.append_bodies(
+            self._task_id, self._turn_id, bodies, release_lock=True
+        )
+        self.last_seq = appended.last_seq
+        return self.last_seq
+
     async def _write(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []

@@ -1,53 +1,50 @@
-"""Asking the user: a ``hitl_request`` event, a stored request, and the wait for the answer.
+"""Questions to the user that park the turn instead of holding a worker.
 
-The request is a ``hitl_requests`` row (listed by ``GET /hitl/pending``,
-answered by ``POST /hitl/respond``); the gateway sends the answer to this
-worker's inbox. While waiting, the turn holds its task's lock, so a new
-message for the task gets 409 ``HITL_REQUIRED``.
+Asking stores a ``hitl_requests`` row (listed by ``GET /hitl/pending``) and
+returns at once: the loop then snapshots the turn and releases its worker.
+``POST /hitl/respond`` records the answer and queues a resume job, and
+whichever worker takes it reads the answer back with :meth:`HumanChannel.read`
+— minutes or days later, after any restart. A request nobody answers
+expires after ``HOLDFAST_CHANNEL_STATE_TTL_HITL``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from holdfast_shared.db.models import HitlRequestRecord
-from holdfast_shared.events import HitlRequest, HitlResolved
 from holdfast_shared.ids import new_id
-from holdfast_shared.jobs import InboxMessage
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast_loop_worker.emitter import Emitter
-from holdfast_loop_worker.inbox import Inbox
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    request_id: str
+    kind: Literal["permission", "question"]
+    question: str
+    tool_call: dict[str, Any] | None
+    expires_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    request_id: str
-    answer: str | None
-    feedback: str | None
-    expired: bool = False
+    # pending | answered | expired
+    status: str
+    answer: str | None = None
+    feedback: str | None = None
+    content_blocks: list[dict[str, Any]] | None = None
 
 
 class HumanChannel:
-    def __init__(
-        self,
-        sessions: async_sessionmaker[AsyncSession],
-        inbox: Inbox,
-        *,
-        ttl_seconds: int,
-    ) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, ttl_seconds: int) -> None:
         self.sessions = sessions
-        self.inbox = inbox
-        self.ttl_seconds = ttl_seconds
+        self.ttl = timedelta(seconds=ttl_seconds)
 
-    async def ask(
+    async def open(
         self,
-        emitter: Emitter,
         *,
         tenant_id: str,
         task_id: str,
@@ -55,60 +52,72 @@ class HumanChannel:
         kind: Literal["permission", "question"],
         question: str,
         tool_call: dict[str, Any] | None = None,
-    ) -> Answer:
-        """Ask and wait; an unanswered request expires after the HITL TTL."""
+    ) -> Question:
         request_id = new_id("hitl")
-        expires = datetime.now(UTC) + timedelta(seconds=self.ttl_seconds)
-        answer = self.inbox.expect(request_id)
-        try:
-            async with self.sessions.begin() as session:
-                session.add(
-                    HitlRequestRecord(
-                        request_id=request_id,
-                        tenant_id=tenant_id,
-                        task_id=task_id,
-                        turn_id=turn_id,
-                        kind=kind,
-                        question=question,
-                        tool_call=tool_call,
-                        reply_to=self.inbox.stream,
-                        expires_at=expires,
-                    )
-                )
-            await emitter.emit(
-                HitlRequest(
+        expires = datetime.now(UTC) + self.ttl
+        async with self.sessions.begin() as session:
+            session.add(
+                HitlRequestRecord(
                     request_id=request_id,
+                    tenant_id=tenant_id,
+                    task_id=task_id,
+                    turn_id=turn_id,
                     kind=kind,
                     question=question,
                     tool_call=tool_call,
-                    expires_at=int(expires.timestamp() * 1000),
+                    expires_at=expires,
                 )
             )
-            await emitter.drain()
-            try:
-                message = await _wait(answer, expires)
-            except TimeoutError:
-                await self._expire(request_id)
-                return Answer(request_id, None, None, expired=True)
-        finally:
-            self.inbox.forget(request_id)
-        payload = message.payload
-        await emitter.emit(HitlResolved(request_id=request_id, answer=payload.get("answer")))
-        return Answer(request_id, payload.get("answer"), payload.get("feedback"))
+        return Question(request_id, kind, question, tool_call, int(expires.timestamp() * 1000))
 
-    async def _expire(self, request_id: str) -> None:
+    async def read(self, request_id: str) -> tuple[Question, Answer]:
+        """The request and its answer; a pending request past its TTL becomes expired."""
+        async with self.sessions() as session:
+            row = await session.get(HitlRequestRecord, request_id)
+        if row is None:
+            raise LookupError(f"no HITL request {request_id}")
+        question = Question(
+            row.request_id,
+            row.kind,  # type: ignore[arg-type]
+            row.question,
+            row.tool_call,
+            int(row.expires_at.timestamp() * 1000),
+        )
+        if row.status == "pending" and row.expires_at <= datetime.now(UTC):
+            async with self.sessions.begin() as session:
+                await session.execute(
+                    update(HitlRequestRecord)
+                    .where(
+                        HitlRequestRecord.request_id == request_id,
+                        HitlRequestRecord.status == "pending",
+                    )
+                    .values(status="expired")
+                )
+            return question, Answer("expired")
+        return question, Answer(row.status, row.answer, row.feedback)
+
+    async def expire_overdue(self, limit: int = 100) -> list[tuple[str, str, str]]:
+        """Mark pending requests past their TTL expired; their (tenant, task, turn)."""
         async with self.sessions.begin() as session:
-            await session.execute(
-                update(HitlRequestRecord)
-                .where(
-                    HitlRequestRecord.request_id == request_id,
-                    HitlRequestRecord.status == "pending",
+            rows = (
+                await session.execute(
+                    update(HitlRequestRecord)
+                    .where(
+                        HitlRequestRecord.request_id.in_(
+                            select(HitlRequestRecord.request_id)
+                            .where(
+                                HitlRequestRecord.status == "pending",
+                                HitlRequestRecord.expires_at <= datetime.now(UTC),
+                            )
+                            .limit(limit)
+                        )
+                    )
+                    .values(status="expired")
+                    .returning(
+                        HitlRequestRecord.tenant_id,
+                        HitlRequestRecord.task_id,
+                        HitlRequestRecord.turn_id,
+                    )
                 )
-                .values(status="expired")
-            )
-
-
-async def _wait(future: asyncio.Future[InboxMessage], expires: datetime) -> InboxMessage:
-    remaining = max(0.0, expires.timestamp() - time.time())
-    async with asyncio.timeout(remaining):
-        return await future
+            ).all()
+        return [(r[0], r[1], r[2]) for r in rows]

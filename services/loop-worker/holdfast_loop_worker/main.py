@@ -33,7 +33,10 @@ from redis.asyncio import Redis
 from holdfast_loop_worker.consumer import TurnConsumer
 from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
+from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.providers import ProviderRegistry
+from holdfast_loop_worker.recovery import queue_resume, requeue_unfinished
+from holdfast_loop_worker.state import Snapshots
 from holdfast_loop_worker.toolcalls import ToolCaller
 from holdfast_loop_worker.turn import TurnContext
 
@@ -47,6 +50,19 @@ async def _advertise_forever(redis: Redis, keys: Keys, names: list[str]) -> None
         except Exception:
             log.warning("could not advertise providers; retrying", exc_info=True)
         await asyncio.sleep(REFRESH_SECONDS)
+
+
+async def _expire_questions_forever(
+    human: HumanChannel, redis: Redis, keys: Keys, interval: float = 30.0
+) -> None:
+    """Resume turns whose question expired: the asked-for call fails with "expired"."""
+    while True:
+        try:
+            for tenant_id, task_id, turn_id in await human.expire_overdue():
+                await queue_resume(redis, keys, tenant_id, task_id, turn_id)
+        except Exception:
+            log.warning("expiring HITL requests failed; retrying", exc_info=True)
+        await asyncio.sleep(interval)
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -65,32 +81,57 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     keys = Keys(settings.redis_prefix)
     eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active)
     inbox = Inbox(redis, keys, worker_id)
-    tools = ToolCaller(
-        redis,
-        keys,
-        sessions,
-        inbox,
-        HumanChannel(sessions, inbox, ttl_seconds=settings.channel_state_ttl_hitl),
-        permission=settings.permission,
-        network_agents=frozenset(settings.network_agents),
-        timeout_seconds=settings.tool_timeout_seconds,
-    )
+    human = HumanChannel(sessions, ttl_seconds=settings.channel_state_ttl_hitl)
+    leases = Leases(sessions, worker_id, lease_seconds=settings.lease_seconds)
     ctx = TurnContext(
         sessions=sessions,
+        redis=redis,
+        keys=keys,
         eventlog=eventlog,
         providers=providers,
-        default_model=providers.default_model,
+        snapshots=Snapshots(
+            sessions,
+            active_ttl_seconds=settings.channel_state_ttl_active,
+            hitl_ttl_seconds=settings.channel_state_ttl_hitl,
+        ),
+        leases=leases,
+        lock=TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds + 600),
+        human=human,
+        tools=ToolCaller(
+            redis,
+            keys,
+            sessions,
+            inbox,
+            permission=settings.permission,
+            network_agents=frozenset(settings.network_agents),
+            timeout_seconds=settings.tool_timeout_seconds,
+        ),
         max_iterations=settings.max_iterations,
-        tools=tools,
+        deadline_seconds=settings.turn_deadline_seconds,
+        hitl_ttl_seconds=settings.channel_state_ttl_hitl,
     )
-    lock = TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds)
+
+    async def rebuild() -> None:
+        await requeue_unfinished(sessions, redis, keys)
+
     consumer = TurnConsumer(
-        redis, keys, ctx, lock, consumer_name=worker_id, concurrency=settings.worker_concurrency
+        redis,
+        keys,
+        ctx,
+        leases,
+        consumer_name=worker_id,
+        concurrency=settings.worker_concurrency,
+        lease_seconds=settings.lease_seconds,
+        drain_seconds=settings.drain_seconds,
+        on_group_created=rebuild,
     )
     archiver = Archiver(eventlog, settings.archive_interval_seconds)
     archiver.start()
     inbox.start()
-    advertiser = asyncio.create_task(_advertise_forever(redis, keys, providers.names))
+    background = [
+        asyncio.create_task(_advertise_forever(redis, keys, providers.names)),
+        asyncio.create_task(_expire_questions_forever(human, redis, keys)),
+    ]
     log.info(
         "loop-worker %s ready; default model %s; providers: %s",
         worker_id,
@@ -100,9 +141,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     try:
         await consumer.run(stop)
     finally:
-        advertiser.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await advertiser
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await inbox.stop()
         await archiver.stop()
         await providers.aclose()

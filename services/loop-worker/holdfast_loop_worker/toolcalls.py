@@ -1,10 +1,11 @@
-"""Running the model's tool calls: permission policy, then the tool-runner.
+"""Running the model's tool calls on the tool-runners.
 
-A call the policy denies, or the user refuses, becomes an error outcome the
-model reads (with the user's feedback), never a failed turn. Allowed calls
-go to the tool-runners as a :class:`~holdfast_shared.jobs.ToolCallJob`; the
+Allowed calls go out as a :class:`~holdfast_shared.jobs.ToolCallJob`; the
 reply comes to this worker's inbox, and the ``tool_results`` row is the
-durable answer if the reply is missed.
+durable answer if the reply is missed (after a crash the next worker finds
+it there: a call already executed is never executed again). Policy
+decisions and permission prompts are the loop's (``turn.py``): this module
+only executes.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast_loop_worker.emitter import Emitter
-from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
 
 log = logging.getLogger(__name__)
 
-# Beyond the tool's own timeout, how long to wait for a runner to answer.
+# Beyond the tool's own timeout, how long to wait for a runner to answer
+# before looking for the stored result and then sending the call again.
 _RUNNER_GRACE_SECONDS = 30.0
 
 
@@ -49,7 +49,6 @@ class ToolCaller:
         keys: Keys,
         sessions: async_sessionmaker[AsyncSession],
         inbox: Inbox,
-        human: HumanChannel,
         *,
         permission: Callable[[str | None, str], str],
         network_agents: frozenset[str],
@@ -59,61 +58,23 @@ class ToolCaller:
         self.keys = keys
         self.sessions = sessions
         self.inbox = inbox
-        self.human = human
         self.permission = permission
         self.network_agents = network_agents
         self.timeout_seconds = timeout_seconds
 
-    async def call(
-        self,
-        emitter: Emitter,
-        ctx: CallContext,
-        tool_call_id: str,
-        tool: str,
-        tool_input: dict[str, Any],
-    ) -> ToolOutcome:
+    def policy(self, agent: str | None, tool: str) -> str:
+        """``allow``, ``ask`` or ``deny`` (unknown tools are refused outright)."""
         if tool not in BUILTIN_BY_NAME:
-            return ToolOutcome(error=f"unknown tool {tool!r}")
-        stored = await self._stored(ctx.task_id, tool_call_id)
-        if stored is not None:
-            return stored
-        refusal = await self._check_permission(emitter, ctx, tool_call_id, tool, tool_input)
-        if refusal is not None:
-            return refusal
-        return await self._run(ctx, tool_call_id, tool, tool_input)
+            return "unknown"
+        return self.permission(agent, tool)
 
-    async def _check_permission(
-        self,
-        emitter: Emitter,
-        ctx: CallContext,
-        tool_call_id: str,
-        tool: str,
-        tool_input: dict[str, Any],
-    ) -> ToolOutcome | None:
-        rule = self.permission(ctx.agent, tool)
-        if rule == "allow":
-            return None
-        if rule == "deny":
-            return ToolOutcome(error=f"permission denied: the policy does not allow {tool!r}")
-        answer = await self.human.ask(
-            emitter,
-            tenant_id=ctx.tenant_id,
-            task_id=ctx.task_id,
-            turn_id=ctx.turn_id,
-            kind="permission",
-            question=f"Allow the agent to run {tool}? {_preview(tool_input)}",
-            tool_call={"tool": tool, "tool_call_id": tool_call_id, "input": tool_input},
-        )
-        if answer.expired:
-            return ToolOutcome(error="permission request expired without an answer")
-        if (answer.answer or "").strip().lower() != "yes":
-            feedback = f" Feedback: {answer.feedback}" if answer.feedback else ""
-            return ToolOutcome(error=f"the user denied permission to run {tool}.{feedback}")
-        return None
-
-    async def _run(
+    async def run(
         self, ctx: CallContext, tool_call_id: str, tool: str, tool_input: dict[str, Any]
     ) -> ToolOutcome:
+        """Execute on a tool-runner (or recall the stored outcome) and wait for it."""
+        stored = await self.stored(ctx.task_id, tool_call_id)
+        if stored is not None:
+            return stored
         timeout = self.timeout_seconds
         if tool == "bash" and isinstance(tool_input.get("timeout"), int | float):
             timeout = min(float(tool_input["timeout"]), 600.0)
@@ -128,25 +89,28 @@ class ToolCaller:
             timeout_seconds=timeout,
         )
         correlation = f"{ctx.task_id}:{tool_call_id}"
-        reply = self.inbox.expect(correlation)
-        try:
-            await self.redis.xadd(self.keys.tools, job.to_fields())
-            async with asyncio.timeout(timeout + _RUNNER_GRACE_SECONDS):
-                message = await reply
-            return ToolOutcome.model_validate(message.payload)
-        except TimeoutError:
-            stored = await self._stored(ctx.task_id, tool_call_id)
-            if stored is not None:
-                return stored
-            return ToolOutcome(error="no tool-runner answered in time; the call did not complete")
-        finally:
-            self.inbox.forget(correlation)
+        while True:
+            reply = self.inbox.expect(correlation)
+            try:
+                await self.redis.xadd(self.keys.tools, job.to_fields())
+                async with asyncio.timeout(timeout + _RUNNER_GRACE_SECONDS):
+                    message = await reply
+                return ToolOutcome.model_validate(message.payload)
+            except TimeoutError:
+                stored = await self.stored(ctx.task_id, tool_call_id)
+                if stored is not None:
+                    return stored
+                # The call was lost on the way (say, Redis restarted empty):
+                # send it again; the runner's claim keeps it from running twice.
+                log.warning("no answer for tool call %s; sending it again", tool_call_id)
+            finally:
+                self.inbox.forget(correlation)
 
     async def turn_ended(self, task_id: str) -> None:
         """Ask every tool-runner to kill what the task's tools left running."""
         await self.redis.publish(self.keys.tools_reap, task_id)
 
-    async def _stored(self, task_id: str, tool_call_id: str) -> ToolOutcome | None:
+    async def stored(self, task_id: str, tool_call_id: str) -> ToolOutcome | None:
         async with self.sessions() as session:
             row = await session.scalar(
                 select(ToolResultRecord).where(
@@ -160,6 +124,6 @@ class ToolCaller:
         return ToolOutcome(output=(row.output or {}).get("value"), error=row.error)
 
 
-def _preview(tool_input: dict[str, Any], limit: int = 300) -> str:
+def preview(tool_input: dict[str, Any], limit: int = 300) -> str:
     text = json.dumps(tool_input, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit] + "…"

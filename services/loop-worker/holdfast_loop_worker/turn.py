@@ -5,55 +5,77 @@ Event order for a plain answer (the gateway already logged ``started``)::
     content_block_start → text_delta… → content_block_stop → usage
     → thread_lifecycle completed (stop_reason)
 
-With tools, each iteration's ``tool_use`` blocks become ``tool_call`` events,
-the calls run (permission prompts included), ``tool_result`` events follow in
-the same order, and the results go back to the model for the next iteration.
+With tools, each ``tool_use`` block becomes a ``tool_call`` event, the calls
+run (a permission prompt first where the policy says ``ask``), and their
+``tool_result`` events follow in order; the results go back to the model.
 ``end_turn`` / ``stop_sequence`` / ``max_tokens`` end the turn (``completed``
-carries the stop reason); ``HOLDFAST_MAX_ITERATIONS`` bounds runaway loops.
-The ``usage`` event sums every iteration.
+carries the stop reason); ``HOLDFAST_MAX_ITERATIONS`` bounds runaway loops;
+``usage`` sums every iteration.
 
-A failure ends the turn with an ``error`` event and ``thread_lifecycle``
-``errored``. If the model stream broke off after some output had been sent,
-the blocks already opened are closed first (``content_block_stop``), so the
-client's view is consistent: the partial text stays as sent, and the
-stored assistant message is marked ``interrupted``. The task stays usable
-for its next message either way.
+Durability. The loop is a small state machine (``state.py``) snapshotted at
+every boundary, so any worker can continue it: after a crash (the lease ran
+out), a hand-back on shutdown, an answered HITL request or a Redis that lost
+its data. A continued turn first emits ``turn_resumed``; if the step that
+was cut off had already emitted events (a model call's partial deltas),
+``turn_resumed`` names them (``discard_from_seq``..``discard_to_seq``) and
+the step runs again. Tool calls are not run again: their outcomes are stored
+by call id.
+
+Endings. A failure emits ``error`` (stable code) and ``thread_lifecycle``
+``errored``; past ``HOLDFAST_TURN_DEADLINE_SECONDS`` the code is
+``DEADLINE_EXCEEDED``. ``POST /execute/cancel`` ends the turn with
+``thread_lifecycle`` ``completed`` and ``stop_reason: "cancelled"``. If a
+stream breaks after output reached the client, the open blocks are closed
+(``content_block_stop``) before the ``error``, and the partial message is
+stored marked ``interrupted``. The task takes its next message either way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from holdfast_shared.conversation import ChatMessage, for_provider, load_history
-from holdfast_shared.db.models import Message, Task, Turn
+from holdfast_shared.conversation import for_provider, load_history
+from holdfast_shared.db.models import HitlRequestRecord, Message, Turn
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.events import (
     ContentBlockStart,
     ContentBlockStop,
     ErrorEvent,
+    HitlRequest,
+    HitlResolved,
     TextDelta,
     ThinkingDelta,
     ThreadLifecycle,
     ToolCall,
     ToolResult,
+    TurnResumed,
     Usage,
 )
-from holdfast_shared.jobs import TurnJob
+from holdfast_shared.jobs import ToolOutcome, TurnJob
+from holdfast_shared.keys import Keys
 from holdfast_shared.tools import BUILTIN_TOOLS
+from holdfast_shared.turnlock import TurnLock
+from redis.asyncio import Redis
 from sqlalchemy import update
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.emitter import Emitter
+from holdfast_loop_worker.hitl import HumanChannel
+from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.providers import (
     BlockStart,
     BlockStop,
     Finish,
+    ModelChoice,
     ModelEvent,
     ModelRequest,
     ProviderError,
@@ -65,7 +87,8 @@ from holdfast_loop_worker.providers import (
     UsageReport,
 )
 from holdfast_loop_worker.providers.retry import stream_with_retries
-from holdfast_loop_worker.toolcalls import CallContext, ToolCaller
+from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
+from holdfast_loop_worker.toolcalls import CallContext, ToolCaller, preview
 
 log = logging.getLogger(__name__)
 
@@ -80,28 +103,23 @@ class TurnContext:
     """What every turn needs; built once per worker process."""
 
     sessions: async_sessionmaker[AsyncSession]
+    redis: Redis
+    keys: Keys
     eventlog: EventLog
     providers: ProviderRegistry
-    default_model: str | None
+    snapshots: Snapshots
+    leases: Leases
+    lock: TurnLock
+    human: HumanChannel
+    tools: ToolCaller | None
     max_iterations: int
-    tools: ToolCaller | None = None
+    deadline_seconds: float
+    hitl_ttl_seconds: int
     retry_attempts: int = 4
 
 
-@dataclass
-class _UsageTotals:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-    cache_read_input_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def add(self, report: UsageReport) -> None:
-        self.input_tokens += report.input_tokens
-        self.output_tokens += report.output_tokens
-        self.cache_creation_input_tokens += report.cache_creation_input_tokens
-        self.cache_read_input_tokens += report.cache_read_input_tokens
-        self.reasoning_tokens += report.reasoning_tokens
+class Parked(Exception):
+    """The turn waits for a human; its worker is released."""
 
 
 @dataclass
@@ -144,98 +162,152 @@ class _Block:
         return block
 
 
-class _Interrupted(Exception):
-    def __init__(self, error: ProviderError, blocks: list[_Block]) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.blocks = blocks
+@dataclass
+class _Seen:
+    """Events of this turn logged after the last snapshot (read when resuming)."""
+
+    first_seq: int | None = None
+    last_seq: int | None = None
+    terminal: bool = False
+    terminal_status: str = "completed"
+    terminal_stop_reason: str | None = None
+    tool_results: set[str] = field(default_factory=set)
+    hitl_requests: set[str] = field(default_factory=set)
+    hitl_resolved: set[str] = field(default_factory=set)
 
 
 class TurnRunner:
-    """Runs one :class:`TurnJob` to a terminal lifecycle event."""
+    """Runs (or continues) one turn until it ends, parks or is handed back."""
 
-    def __init__(self, ctx: TurnContext, job: TurnJob) -> None:
+    def __init__(self, ctx: TurnContext, job: TurnJob, *, resume_reason: str | None) -> None:
         self.ctx = ctx
         self.job = job
+        self.resume_reason = resume_reason
         self.emitter = Emitter(ctx.eventlog, job.task_id, job.turn_id)
-        self.usage = _UsageTotals()
-        self.position = 1
-        self.provider_name: str | None = None
+        self.state = TurnState()
+        self.seen = _Seen()
+        self.blocks: dict[int, _Block] = {}
         self.used_tools = False
+        self.provider_name: str | None = None
+        self.agent = job.agent
+        self.model = job.model
+        # Set by the consumer before it cancels the task: "cancel" or "handoff".
+        self.stop_reason: str | None = None
+        self._started = time.monotonic()
 
+    # -- lifecycle -------------------------------------------------------------
     async def run(self) -> str:
-        """Run the turn; returns the final status (``completed`` or ``errored``)."""
+        """Returns ``completed``, ``errored``, ``cancelled``, ``parked``,
+        ``handed_back`` or ``skipped`` (another worker has it, or it is over)."""
+        if not await self.ctx.leases.claim(self.job.turn_id):
+            return "skipped"
+        row = await self._load_turn()
+        if row is None:
+            return "skipped"
+        snapshot = await self.ctx.snapshots.latest(self.job.turn_id)
+        resuming = snapshot is not None or self.resume_reason is not None
+        if snapshot is not None:
+            self.state = snapshot
+        await self.ctx.lock.ensure(self.job.task_id, self.job.turn_id)
         try:
-            stop_reason = await self._iterate()
-        except _Interrupted as exc:
-            await self._store(
-                "assistant",
-                {
-                    "blocks": [b.to_content() for b in exc.blocks],
-                    "interrupted": True,
-                    "provider": self.provider_name,
-                },
+            if await self._cancel_requested():
+                return await self._end_cancelled()
+            if resuming:
+                await self._announce_resume()
+                if self.seen.terminal:
+                    status = self.seen.terminal_status
+                    await self._end(status, self.seen.terminal_stop_reason, [])
+                    return status
+            budget = max(0.0, self.ctx.deadline_seconds - self.state.active_ms / 1000)
+            async with asyncio.timeout(budget):
+                stop_reason = await self._drive()
+        except Parked:
+            return await self._park()
+        except TimeoutError:
+            await self._close_open_blocks()
+            return await self._fail(
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"the turn ran past HOLDFAST_TURN_DEADLINE_SECONDS ({self.ctx.deadline_seconds:g})",
             )
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.stop_reason is not None and task is not None:
+                task.uncancel()  # we asked for it: finish the turn's ending normally
+            if self.stop_reason == "cancel":
+                await self._close_open_blocks()
+                return await self._end_cancelled()
+            if self.stop_reason == "handoff":
+                return await self._hand_back()
+            raise
+        except _Interrupted as exc:
+            await self._store("assistant", exc.content, upsert=True)
             return await self._fail(exc.error.code, exc.error.message, exc.error.details)
         except ProviderError as exc:
             return await self._fail(exc.code, exc.message, exc.details)
         except UnknownModel as exc:
-            return await self._fail(ErrorCode.UNKNOWN_MODEL, str(exc), None)
+            return await self._fail(ErrorCode.UNKNOWN_MODEL, str(exc))
         except Exception as exc:
             log.exception("turn %s failed", self.job.turn_id)
-            return await self._fail(
-                ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", None
-            )
-        await self._emit_usage()
-        await self.emitter.emit(ThreadLifecycle(phase="completed", stop_reason=stop_reason))
-        await self.emitter.drain()
-        await self._finish("completed", stop_reason)
+            return await self._fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        await self._end(
+            "completed",
+            stop_reason,
+            [self._usage(), ThreadLifecycle(phase="completed", stop_reason=stop_reason)],
+        )
         return "completed"
 
-    async def _iterate(self) -> str:
-        choice = self.ctx.providers.resolve(await self._model_spec())
+    async def _drive(self) -> str:
+        choice = self.ctx.providers.resolve(self.model)
         self.provider_name = choice.provider.name
-        await self._mark_running()
-        async with self.ctx.sessions() as session:
-            history = await load_history(session, self.job.task_id)
-        tools = BUILTIN_TOOLS if self.ctx.tools is not None else ()
-        for _ in range(self.ctx.max_iterations):
-            request = ModelRequest(
-                model=choice.model,
-                system=SYSTEM_PROMPT,
-                messages=tuple(for_provider(history, choice.provider.name)),
-                tools=tools,
-            )
-            stream = stream_with_retries(choice.provider, request, attempts=self.ctx.retry_attempts)
-            blocks, stop_reason = await self._model_call(stream)
-            content = {
-                "blocks": [b.to_content() for b in blocks],
-                "stop_reason": stop_reason,
-                "provider": choice.provider.name,
-            }
-            await self._store("assistant", content)
-            history.append(
-                ChatMessage(
-                    "assistant",
-                    tuple(content["blocks"]),
-                    self.job.turn_id,
-                    provider=choice.provider.name,
+        state = self.state
+        while True:
+            if state.stage == "final":
+                return state.stop_reason or "end_turn"
+            if state.stage == "tools":
+                await self._run_tools()
+                continue
+            if state.iteration >= self.ctx.max_iterations:
+                raise ProviderError(
+                    ErrorCode.MAX_ITERATIONS,
+                    f"the turn reached HOLDFAST_MAX_ITERATIONS ({self.ctx.max_iterations})",
                 )
+            await self._model_step(choice)
+
+    # -- model calls -----------------------------------------------------------
+    async def _model_step(self, choice: ModelChoice) -> None:
+        state = self.state
+        async with self.ctx.sessions() as session:
+            history = await load_history(
+                session, self.job.task_id, cutoff=(self.job.turn_id, state.position)
             )
-            calls = [b for b in blocks if b.block_type == "tool_use"]
-            if stop_reason != "tool_use" or not calls:
-                return stop_reason
-            results = await self._run_tools(calls)
-            await self._store("user", {"blocks": results})
-            history.append(ChatMessage("user", tuple(results), self.job.turn_id))
-        await self._emit_usage()
-        raise ProviderError(
-            ErrorCode.MAX_ITERATIONS,
-            f"the turn reached HOLDFAST_MAX_ITERATIONS ({self.ctx.max_iterations}) iterations",
+        request = ModelRequest(
+            model=choice.model,
+            system=SYSTEM_PROMPT,
+            messages=tuple(for_provider(history, choice.provider.name)),
+            tools=BUILTIN_TOOLS if self.ctx.tools is not None else (),
         )
+        stream = stream_with_retries(choice.provider, request, attempts=self.ctx.retry_attempts)
+        blocks, stop_reason = await self._model_call(stream)
+        content = {
+            "blocks": [b.to_content() for b in blocks],
+            "stop_reason": stop_reason,
+            "provider": choice.provider.name,
+        }
+        await self._store("assistant", content, upsert=True)
+        state.iteration += 1
+        calls = [b for b in blocks if b.block_type == "tool_use"]
+        if stop_reason == "tool_use" and calls:
+            state.stage = "tools"
+            state.pending = [
+                PendingCall(b.tool_call_id or "", b.tool_name or "", b.tool_input()) for b in calls
+            ]
+        else:
+            state.stage = "final"
+            state.stop_reason = stop_reason
+        await self._snapshot("model_call")
 
     async def _model_call(self, stream: AsyncIterator[ModelEvent]) -> tuple[list[_Block], str]:
-        blocks: dict[int, _Block] = {}
+        self.blocks = blocks = {}
         stop_reason = "end_turn"
         emit = self.emitter.emit
         try:
@@ -256,19 +328,32 @@ class TurnRunner:
                         ContentBlockStart(block_index=item.index, block_type=item.block_type)
                     )
                 elif isinstance(item, BlockStop):
-                    blocks[item.index].redacted = item.redacted
-                    await self._close(item.index, blocks[item.index], item.signature)
+                    block = blocks[item.index]
+                    block.redacted = item.redacted
+                    await self._close(item.index, block, item.signature)
                 elif isinstance(item, UsageReport):
-                    self.usage.add(item)
+                    self.state.add_usage(
+                        {
+                            "input_tokens": item.input_tokens,
+                            "output_tokens": item.output_tokens,
+                            "cache_creation_input_tokens": item.cache_creation_input_tokens,
+                            "cache_read_input_tokens": item.cache_read_input_tokens,
+                            "reasoning_tokens": item.reasoning_tokens,
+                        }
+                    )
                 elif isinstance(item, Finish):
                     stop_reason = item.stop_reason
         except ProviderError as exc:
             if not blocks:
                 raise
-            for index, block in sorted(blocks.items()):
-                if not block.closed:
-                    await self._close(index, block, None, announce_tool=False)
-            raise _Interrupted(exc, [blocks[i] for i in sorted(blocks)]) from exc
+            await self._close_open_blocks()
+            content = {
+                "blocks": [blocks[i].to_content() for i in sorted(blocks)],
+                "interrupted": True,
+                "provider": self.provider_name,
+            }
+            raise _Interrupted(exc, content) from exc
+        self.blocks = {}
         return [blocks[i] for i in sorted(blocks)], stop_reason
 
     async def _close(
@@ -288,80 +373,187 @@ class TurnRunner:
                 )
             )
 
-    async def _run_tools(self, calls: list[_Block]) -> list[dict[str, Any]]:
-        assert self.ctx.tools is not None
-        self.used_tools = True
-        call_ctx = CallContext(
-            tenant_id=self.job.tenant_id,
-            task_id=self.job.task_id,
-            turn_id=self.job.turn_id,
-            agent=self.job.agent,
-        )
+    async def _close_open_blocks(self) -> None:
+        """Close what a cut-off model call left open, so the client's view is whole."""
+        for index, block in sorted(self.blocks.items()):
+            if not block.closed:
+                await self._close(index, block, None, announce_tool=False)
+        self.blocks = {}
+
+    # -- tools -----------------------------------------------------------------
+    async def _run_tools(self) -> None:
+        state = self.state
+        for call in state.pending:
+            if call.outcome is None:
+                outcome = await self._call_outcome(call)
+                if call.id not in self.seen.tool_results:
+                    await self.emitter.emit(
+                        ToolResult(tool_call_id=call.id, output=outcome.output, error=outcome.error)
+                    )
+                call.outcome = outcome.model_dump()
+                await self._snapshot("tool_result")
         results: list[dict[str, Any]] = []
-        for block in calls:
-            call_id = block.tool_call_id or ""
-            outcome = await self.ctx.tools.call(
-                self.emitter, call_ctx, call_id, block.tool_name or "", block.tool_input()
-            )
-            await self.emitter.emit(
-                ToolResult(tool_call_id=call_id, output=outcome.output, error=outcome.error)
-            )
+        for call in state.pending:
+            assert call.outcome is not None
             result: dict[str, Any] = {
                 "type": "tool_result",
-                "tool_use_id": call_id,
-                "output": outcome.output,
+                "tool_use_id": call.id,
+                "output": call.outcome.get("output"),
             }
-            if outcome.error is not None:
-                result["error"] = outcome.error
+            if call.outcome.get("error") is not None:
+                result["error"] = call.outcome["error"]
             results.append(result)
-        return results
+        await self._store("user", {"blocks": results}, upsert=True)
+        state.stage = "model"
+        state.pending = []
 
-    async def _emit_usage(self) -> None:
-        u = self.usage
-        await self.emitter.emit(
-            Usage(
-                input_tokens=u.input_tokens,
-                output_tokens=u.output_tokens,
-                cache_creation_input_tokens=u.cache_creation_input_tokens,
-                cache_read_input_tokens=u.cache_read_input_tokens,
-                reasoning_tokens=u.reasoning_tokens,
+    async def _call_outcome(self, call: PendingCall) -> ToolOutcome:
+        tools = self.ctx.tools
+        if tools is None:
+            return ToolOutcome(error="tools are not available on this engine")
+        self.used_tools = True
+        rule = tools.policy(self.agent, call.name)
+        if rule == "unknown":
+            return ToolOutcome(error=f"unknown tool {call.name!r}")
+        if rule == "deny":
+            return ToolOutcome(error=f"permission denied: the policy does not allow {call.name!r}")
+        if rule == "ask":
+            refusal = await self._permission(call)
+            if refusal is not None:
+                return refusal
+        ctx = CallContext(self.job.tenant_id, self.job.task_id, self.job.turn_id, self.agent)
+        return await tools.run(ctx, call.id, call.name, call.input)
+
+    async def _permission(self, call: PendingCall) -> ToolOutcome | None:
+        """None when the user allowed the call; else the outcome the model sees.
+
+        Parks the turn (raises :class:`Parked`) while the question is open.
+        """
+        human = self.ctx.human
+        if call.hitl_request is None:
+            question = await human.open(
+                tenant_id=self.job.tenant_id,
+                task_id=self.job.task_id,
+                turn_id=self.job.turn_id,
+                kind="permission",
+                question=f"Allow the agent to run {call.name}? {preview(call.input)}",
+                tool_call={"tool": call.name, "tool_call_id": call.id, "input": call.input},
             )
-        )
-
-    async def _fail(self, code: str, message: str, details: dict[str, Any] | None) -> str:
-        await self.emitter.emit(ErrorEvent(error=code, message=message, details=details))
-        await self.emitter.emit(ThreadLifecycle(phase="errored"))
-        await self.emitter.drain()
-        await self._finish("errored", None)
-        return "errored"
-
-    async def _model_spec(self) -> str | None:
-        if self.job.model:
-            return self.job.model
-        async with self.ctx.sessions() as session:
-            task = await session.get(Task, self.job.task_id)
-        return (task.model if task else None) or self.ctx.default_model
-
-    async def _mark_running(self) -> None:
-        async with self.ctx.sessions.begin() as session:
-            await session.execute(
-                update(Turn).where(Turn.id == self.job.turn_id).values(status="running")
+            call.hitl_request = question.request_id
+            await self._snapshot("hitl")
+        question, answer = await human.read(call.hitl_request)
+        if answer.status == "pending":
+            if question.request_id not in self.seen.hitl_requests:
+                await self.emitter.emit(
+                    HitlRequest(
+                        request_id=question.request_id,
+                        kind=question.kind,
+                        question=question.question,
+                        tool_call=question.tool_call,
+                        expires_at=question.expires_at_ms,
+                    )
+                )
+            raise Parked(question.request_id)
+        if answer.status == "expired":
+            return ToolOutcome(error="permission request expired without an answer")
+        if question.request_id not in self.seen.hitl_resolved:
+            await self.emitter.emit(
+                HitlResolved(request_id=question.request_id, answer=answer.answer)
             )
+        if (answer.answer or "").strip().lower() != "yes":
+            feedback = f" Feedback: {answer.feedback}" if answer.feedback else ""
+            return ToolOutcome(error=f"the user denied permission to run {call.name}.{feedback}")
+        return None
 
-    async def _store(self, role: str, content: dict[str, Any]) -> None:
-        async with self.ctx.sessions.begin() as session:
-            session.add(
-                Message(
-                    task_id=self.job.task_id,
-                    turn_id=self.job.turn_id,
-                    position=self.position,
-                    role=role,
-                    content=content,
+    # -- resuming, parking, handing back ---------------------------------------
+    async def _announce_resume(self) -> None:
+        """Emit ``turn_resumed``, naming the cut-off step's events to discard."""
+        seen = self.seen
+        async for page in self.ctx.eventlog.pages_after(self.job.task_id, self.state.last_seq):
+            for event in page:
+                if f'"turn_id":"{self.job.turn_id}"' not in event.data:
+                    continue
+                seen.first_seq = seen.first_seq or event.seq
+                seen.last_seq = event.seq
+                body = json.loads(event.data)
+                if event.type == "tool_result":
+                    seen.tool_results.add(body["tool_call_id"])
+                elif event.type == "hitl_request":
+                    seen.hitl_requests.add(body["request_id"])
+                elif event.type == "hitl_resolved":
+                    seen.hitl_resolved.add(body["request_id"])
+                elif event.type == "thread_lifecycle" and body["phase"] != "started":
+                    seen.terminal = True
+                    seen.terminal_stop_reason = body.get("stop_reason")
+                    seen.terminal_status = (
+                        "cancelled" if seen.terminal_stop_reason == "cancelled" else body["phase"]
+                    )
+        if seen.terminal:
+            return  # it ended already; run() only records that
+        reason = self.resume_reason or "resumed"
+        if self.state.stage == "model" and seen.first_seq is not None:
+            # A model call was cut off mid-stream: it runs again, and its
+            # partial output is marked so a client can drop it.
+            await self.emitter.emit(
+                TurnResumed(
+                    reason=reason,
+                    discard_from_seq=seen.first_seq,
+                    discard_to_seq=seen.last_seq,
                 )
             )
-        self.position += 1
+        else:
+            await self.emitter.emit(TurnResumed(reason=reason))
 
-    async def _finish(self, status: str, stop_reason: str | None) -> None:
+    async def _park(self) -> str:
+        await self._snapshot("hitl")
+        await self.ctx.lock.extend(
+            self.job.task_id, self.job.turn_id, self.ctx.hitl_ttl_seconds + 3600
+        )
+        await self.ctx.leases.release(self.job.turn_id, status="parked")
+        return "parked"
+
+    async def _hand_back(self) -> str:
+        """Shutdown: snapshot, give up the lease and queue the turn for another worker."""
+        await self._snapshot("shutdown")
+        await self.ctx.leases.release(self.job.turn_id)
+        job = self.job.model_copy(update={"resume": True})
+        await self.ctx.redis.xadd(self.ctx.keys.turns, job.to_fields())
+        return "handed_back"
+
+    async def _cancel_requested(self) -> bool:
+        flag = await self.ctx.redis.get(self.ctx.keys.cancel(self.job.task_id))
+        return flag == self.job.turn_id
+
+    # -- endings ---------------------------------------------------------------
+    async def _end_cancelled(self) -> str:
+        await self._end(
+            "cancelled",
+            "cancelled",
+            [self._usage(), ThreadLifecycle(phase="completed", stop_reason="cancelled")],
+        )
+        return "cancelled"
+
+    async def _fail(self, code: str, message: str, details: dict[str, Any] | None = None) -> str:
+        await self._end(
+            "errored",
+            None,
+            [
+                ErrorEvent(error=code, message=message, details=details),
+                ThreadLifecycle(phase="errored"),
+            ],
+        )
+        return "errored"
+
+    async def _end(self, status: str, stop_reason: str | None, last: list[Any]) -> None:
+        """Log the terminal events and free the task (one atomic step), then record it.
+
+        A turn resumed after its terminal event was logged (the worker died
+        just after) only records the end: the events are not logged twice.
+        """
+        if self.seen.terminal:
+            await self.ctx.lock.release(self.job.task_id, self.job.turn_id)
+        else:
+            await self.emitter.finish(last)
         if self.used_tools and self.ctx.tools is not None:
             # The watchdog: no process a tool started outlives its turn.
             await self.ctx.tools.turn_ended(self.job.task_id)
@@ -369,5 +561,73 @@ class TurnRunner:
             await session.execute(
                 update(Turn)
                 .where(Turn.id == self.job.turn_id)
-                .values(status=status, stop_reason=stop_reason, finished_at=datetime.now(UTC))
+                .values(
+                    status=status,
+                    stop_reason=stop_reason,
+                    finished_at=datetime.now(UTC),
+                    lease_owner=None,
+                    lease_until=None,
+                )
             )
+            # A question nobody will read the answer to is closed with the turn.
+            await session.execute(
+                update(HitlRequestRecord)
+                .where(
+                    HitlRequestRecord.turn_id == self.job.turn_id,
+                    HitlRequestRecord.status == "pending",
+                )
+                .values(status="cancelled")
+            )
+        await self.ctx.redis.delete(self.ctx.keys.cancel(self.job.task_id))
+
+    def _usage(self) -> Usage:
+        u = self.state.usage
+        return Usage(
+            input_tokens=u.get("input_tokens", 0),
+            output_tokens=u.get("output_tokens", 0),
+            cache_creation_input_tokens=u.get("cache_creation_input_tokens", 0),
+            cache_read_input_tokens=u.get("cache_read_input_tokens", 0),
+            reasoning_tokens=u.get("reasoning_tokens", 0),
+        )
+
+    # -- persistence -----------------------------------------------------------
+    async def _snapshot(self, reason: str) -> None:
+        self.state.last_seq = await self.emitter.drain() or self.state.last_seq
+        now = time.monotonic()
+        self.state.active_ms += int((now - self._started) * 1000)
+        self._started = now
+        await self.ctx.snapshots.save(self.job.task_id, self.job.turn_id, reason, self.state)
+
+    async def _load_turn(self) -> Turn | None:
+        async with self.ctx.sessions() as session:
+            row = await session.get(Turn, self.job.turn_id)
+        if row is None or row.status not in ("queued", "running", "parked"):
+            return None
+        self.agent = self.job.agent or row.agent
+        self.model = self.job.model or row.model or self.ctx.providers.default_model
+        return row
+
+    async def _store(self, role: str, content: dict[str, Any], *, upsert: bool) -> None:
+        """Store the message at the state's position; a repeated step overwrites its own."""
+        statement = insert(Message).values(
+            task_id=self.job.task_id,
+            turn_id=self.job.turn_id,
+            position=self.state.position,
+            role=role,
+            content=content,
+        )
+        if upsert:
+            statement = statement.on_conflict_do_update(
+                index_elements=[Message.turn_id, Message.position],
+                set_={"content": content, "role": role},
+            )
+        async with self.ctx.sessions.begin() as session:
+            await session.execute(statement)
+        self.state.position += 1
+
+
+class _Interrupted(Exception):
+    def __init__(self, error: ProviderError, content: dict[str, Any]) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.content = content

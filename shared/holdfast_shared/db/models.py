@@ -77,9 +77,16 @@ class Turn(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
-    # queued → running → completed | errored
+    # queued → running ⇄ parked (waiting for a human) → completed | errored | cancelled
     status: Mapped[str] = mapped_column(String(16), default="queued")
     stop_reason: Mapped[str | None] = mapped_column(String(64))
+    # The worker running the turn holds it until lease_until and renews it;
+    # a turn whose lease ran out is taken over (see loop-worker lease.py).
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    # What the turn runs with, so any worker can resume it from the row alone.
+    agent: Mapped[str | None] = mapped_column(String(128))
+    model: Mapped[str | None] = mapped_column(String(200))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -119,10 +126,13 @@ class EventRecord(Base):
 
 
 class ChannelStateSnapshot(Base):
-    """A checkpoint of a running turn's loop state."""
+    """A checkpoint of a running turn's loop state (see loop-worker ``state.py``)."""
 
     __tablename__ = "channel_state_snapshots"
-    __table_args__ = (Index("ix_snapshots_task_created", "task_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_snapshots_task_created", "task_id", "created_at"),
+        Index("ix_snapshots_turn_id", "turn_id", "id"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(128))

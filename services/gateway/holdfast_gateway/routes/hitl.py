@@ -1,8 +1,9 @@
 """Human-in-the-loop: ``GET /hitl/pending`` and ``POST /hitl/respond``.
 
 An answer is recorded first (a conditional update, so two answers cannot
-both win) and then sent to the inbox of the worker whose turn waits for it;
-that worker emits ``hitl_resolved`` and goes on.
+both win), then a resume job is queued: the waiting turn holds no worker, so
+whichever worker takes the job continues it, emits ``hitl_resolved`` and
+goes on — also days later and after every process restarted.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from fastapi import APIRouter, Body, Query
 from holdfast_shared.db.models import HitlRequestRecord
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
-from holdfast_shared.jobs import InboxMessage
+from holdfast_shared.jobs import TurnJob
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 
@@ -89,29 +90,23 @@ async def respond(
     if row.status == "pending" and row.expires_at <= now:
         raise ApiError(410, ErrorCode.HITL_EXPIRED, f"request {row.request_id} has expired")
     async with state.sessions.begin() as session:
-        reply_to = await session.scalar(
+        answered = await session.scalar(
             update(HitlRequestRecord)
             .where(
                 HitlRequestRecord.request_id == row.request_id,
                 HitlRequestRecord.status == "pending",
             )
             .values(status="answered", answer=body.answer, feedback=body.feedback, answered_at=now)
-            .returning(HitlRequestRecord.reply_to)
+            .returning(HitlRequestRecord.request_id)
         )
-    if reply_to is None:
+    if answered is None:
         raise ApiError(
             409, ErrorCode.HITL_ALREADY_ANSWERED, f"request {row.request_id} was already answered"
         )
-    message = InboxMessage(
-        kind="hitl_answer",
-        correlation_id=row.request_id,
-        payload={
-            "answer": body.answer,
-            "feedback": body.feedback,
-            "content_blocks": body.content_blocks,
-        },
-    )
-    await state.redis.xadd(reply_to, message.to_fields())
+    # The turn is parked: no worker holds it. Any worker takes this job, reads
+    # the answer back and continues the turn from its snapshot.
+    job = TurnJob.resuming(tenant, row.task_id, row.turn_id)
+    await state.redis.xadd(state.keys.turns, job.to_fields())
     return {"status": "resumed", "request_id": row.request_id}
 
 
@@ -132,6 +127,6 @@ async def _find(state: StateDep, tenant: str, body: HitlAnswer) -> HitlRequestRe
         raise ApiError(
             409, ErrorCode.HITL_ALREADY_ANSWERED, f"request {row.request_id} was already answered"
         )
-    if row.status == "expired":
-        raise ApiError(410, ErrorCode.HITL_EXPIRED, f"request {row.request_id} has expired")
+    if row.status in ("expired", "cancelled"):
+        raise ApiError(410, ErrorCode.HITL_EXPIRED, f"request {row.request_id} is {row.status}")
     return row

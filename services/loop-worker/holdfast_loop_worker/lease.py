@@ -1,0 +1,73 @@
+"""Turn leases: which worker runs a turn, kept in PostgreSQL.
+
+A worker claims a turn before running it (a conditional update: the turn is
+unowned, or its lease ran out, or it is already ours) and renews the leases
+of all its turns every third of ``HOLDFAST_LEASE_SECONDS``. A worker that
+dies stops renewing; once its lease runs out another worker's claim
+succeeds. The claim is the mutual exclusion — Redis only delivers the job
+(and may deliver it twice) — and, being in PostgreSQL, it survives a Redis
+that lost its data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from holdfast_shared.db.models import Turn
+from sqlalchemy import or_, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+ACTIVE = ("queued", "running", "parked")
+
+
+class Leases:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], owner: str, *, lease_seconds: int
+    ) -> None:
+        self.sessions = sessions
+        self.owner = owner
+        self.duration = timedelta(seconds=lease_seconds)
+
+    async def claim(self, turn_id: str) -> bool:
+        """Take the turn if nobody holds it; False if it is held or already over."""
+        now = datetime.now(UTC)
+        async with self.sessions.begin() as session:
+            claimed = await session.scalar(
+                update(Turn)
+                .where(
+                    Turn.id == turn_id,
+                    Turn.status.in_(ACTIVE),
+                    or_(
+                        Turn.lease_until.is_(None),
+                        Turn.lease_until < now,
+                        Turn.lease_owner == self.owner,
+                    ),
+                )
+                .values(status="running", lease_owner=self.owner, lease_until=now + self.duration)
+                .returning(Turn.id)
+            )
+        return claimed is not None
+
+    async def renew(self, turn_ids: Iterable[str]) -> None:
+        ids = list(turn_ids)
+        if not ids:
+            return
+        async with self.sessions.begin() as session:
+            await session.execute(
+                update(Turn)
+                .where(Turn.id.in_(ids), Turn.lease_owner == self.owner)
+                .values(lease_until=datetime.now(UTC) + self.duration)
+            )
+
+    async def release(self, turn_id: str, *, status: str | None = None) -> None:
+        """Give the turn up (to be resumed at once by whoever gets its next job)."""
+        values: dict[str, object] = {"lease_owner": None, "lease_until": None}
+        if status is not None:
+            values["status"] = status
+        async with self.sessions.begin() as session:
+            await session.execute(
+                update(Turn)
+                .where(Turn.id == turn_id, Turn.lease_owner == self.owner)
+                .values(**values)
+            )

@@ -1,0 +1,103 @@
+"""A turn's loop state, and its snapshots in ``channel_state_snapshots``.
+
+The conversation itself is already durable (every model call's message and
+every batch of tool results is a ``messages`` row), so a snapshot holds only
+what the loop needs to pick up where it was:
+
+* ``stage`` — what comes next: ``model`` (a model call), ``tools`` (run the
+  ``pending`` calls), ``final`` (emit usage and ``completed``);
+* ``pending`` — the calls of the last model answer, each with its outcome
+  once known and the HITL request it waits on;
+* ``position``, ``iteration``, ``usage``, ``active_ms`` (time spent running,
+  for the deadline), ``last_seq`` (the turn's last event covered by the
+  snapshot: anything after it belongs to a step that was cut off).
+
+Snapshots are written after every model call, after every tool result, when
+a HITL request parks the turn, and on shutdown; they expire after the active
+TTL, or the HITL TTL for a parked turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from holdfast_shared.db.models import ChannelStateSnapshot
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+Stage = Literal["model", "tools", "final"]
+
+
+@dataclass
+class PendingCall:
+    id: str
+    name: str
+    input: dict[str, Any]
+    outcome: dict[str, Any] | None = None
+    hitl_request: str | None = None
+
+
+@dataclass
+class TurnState:
+    stage: Stage = "model"
+    position: int = 1
+    iteration: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+    pending: list[PendingCall] = field(default_factory=list)
+    stop_reason: str | None = None
+    last_seq: int = 0
+    active_ms: int = 0
+
+    def add_usage(self, counts: dict[str, int]) -> None:
+        for name, value in counts.items():
+            self.usage[name] = self.usage.get(name, 0) + value
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TurnState:
+        pending = [PendingCall(**call) for call in data.get("pending", [])]
+        return cls(**{**data, "pending": pending})
+
+
+class Snapshots:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        active_ttl_seconds: int,
+        hitl_ttl_seconds: int,
+    ) -> None:
+        self.sessions = sessions
+        self.active_ttl = timedelta(seconds=active_ttl_seconds)
+        self.hitl_ttl = timedelta(seconds=hitl_ttl_seconds)
+
+    async def save(self, task_id: str, turn_id: str, reason: str, state: TurnState) -> None:
+        ttl = self.hitl_ttl if reason == "hitl" else self.active_ttl
+        async with self.sessions.begin() as session:
+            session.add(
+                ChannelStateSnapshot(
+                    task_id=task_id,
+                    turn_id=turn_id,
+                    reason=reason,
+                    state=state.to_json(),
+                    expires_at=datetime.now(UTC) + ttl,
+                )
+            )
+
+    async def latest(self, turn_id: str) -> TurnState | None:
+        """The turn's newest snapshot that has not expired, if any."""
+        async with self.sessions() as session:
+            row = await session.scalar(
+                select(ChannelStateSnapshot.state)
+                .where(
+                    ChannelStateSnapshot.turn_id == turn_id,
+                    ChannelStateSnapshot.expires_at > datetime.now(UTC),
+                )
+                .order_by(ChannelStateSnapshot.id.desc())
+                .limit(1)
+            )
+        return None if row is None else TurnState.from_json(row)
