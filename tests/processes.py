@@ -84,6 +84,15 @@ class EngineProcesses:
         self.runners.append(proc)
         return proc
 
+    def kill_all(self) -> None:
+        """SIGKILL every process at once (a machine losing power, as far as they know)."""
+        for proc in [p for p, _ in self.gateways] + self.workers + self.runners:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in [p for p, _ in self.gateways] + self.workers + self.runners:
+            proc.wait()
+        self.gateways, self.workers, self.runners = [], [], []
+
     def stop(self) -> None:
         procs = [p for p, _ in self.gateways] + self.workers + self.runners
         for proc in procs:

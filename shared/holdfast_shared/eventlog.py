@@ -108,6 +108,10 @@ return 0
 """
 
 
+# Longest one archiving pass of a task may hold its claim.
+_ARCHIVE_CLAIM_MS = 30_000
+
+
 @dataclass(frozen=True, slots=True)
 class LoggedEvent:
     """One event as stored: what an SSE frame needs, nothing parsed."""
@@ -329,7 +333,20 @@ class EventLog:
 
     # -- archiving -------------------------------------------------------------
     async def archive_task(self, task_id: str, dirty_score: float) -> int:
-        """Copy the task's unarchived events to PostgreSQL; returns how many."""
+        """Copy the task's unarchived events to PostgreSQL; returns how many.
+
+        One archiver at a time per task (a short Redis lock): the others skip
+        it instead of copying the same events again.
+        """
+        claim = self.keys.archiving(task_id)
+        if not await self.redis.set(claim, "1", nx=True, px=_ARCHIVE_CLAIM_MS):
+            return 0
+        try:
+            return await self._archive_claimed(task_id, dirty_score)
+        finally:
+            await self.redis.delete(claim)
+
+    async def _archive_claimed(self, task_id: str, dirty_score: float) -> int:
         events_key = self.keys.events(task_id)
         archived_key = self.keys.archived(task_id)
         watermark = int(await self.redis.get(archived_key) or 0)
@@ -352,7 +369,8 @@ class EventLog:
                 for eid, f in entries
             ]
             async with self.sessions.begin() as session:
-                await session.execute(insert(EventRecord).values(rows).on_conflict_do_nothing())
+                # executemany form: one cached statement, batched by the driver.
+                await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows)
             watermark = int(rows[-1]["seq"])
             copied += len(rows)
             await self._mark_archived(

@@ -48,6 +48,10 @@ class Keys:
         """A loop-worker's inbox: tool results and HITL answers for its turns."""
         return f"{self.prefix}worker:{worker_id}:inbox"
 
+    def runner_alive(self, runner_id: str) -> str:
+        """Present while the tool-runner ``runner_id`` lives (refreshed, short TTL)."""
+        return f"{self.prefix}runner:{runner_id}:alive"
+
     def gateway_wake(self, gateway_id: str) -> str:
         """Stream a gateway's tailer also blocks on, so a new subscriber can wake it."""
         return f"{self.prefix}gateway:{gateway_id}:wake"
@@ -69,6 +73,10 @@ class Keys:
     def cancels(self) -> str:
         """Pub/sub channel: ``<task_id> <turn_id>`` of a turn to stop now."""
         return f"{self.prefix}cancels"
+
+    def archiving(self, task_id: str) -> str:
+        """Held by the archiver copying the task's events (so others skip it)."""
+        return f"{self.prefix}task:{{{task_id}}}:archiving"
 
     def running_turn(self, task_id: str) -> str:
         """Id of the task's running turn; its presence is the one-turn-per-task lock."""

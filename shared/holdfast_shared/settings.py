@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     tool_timeout_seconds: float = 60.0
     # How many tool calls one tool-runner process runs at once.
     tool_concurrency: int = 8
+    # A tool call pending this long on a runner is taken over by another one
+    # (which then reports it, never runs it twice).
+    tool_claim_idle_seconds: float = 30.0
     # Where tool-runners keep per-task workspaces (default: <data_dir>/workspaces).
     workspace_root: Path | None = None
 

@@ -11,7 +11,8 @@ from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    # async: a plain def would cost a threadpool hop on every request.
     state: GatewayState = request.app.state.gateway
     return state
 

@@ -8,6 +8,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from holdfast_shared.errors import ErrorCode
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
@@ -72,6 +75,20 @@ def install(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         details = _validation_details(exc)
         return JSONResponse(error_body(ErrorCode.INVALID_REQUEST, _summary(details), details), 422)
+
+    async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # Redis or PostgreSQL is down or restarting: a clear, retryable answer.
+        return JSONResponse(
+            error_body(
+                ErrorCode.UNAVAILABLE,
+                f"a backing store is unavailable, retry shortly ({type(exc).__name__})",
+            ),
+            503,
+            headers={"Retry-After": "1"},
+        )
+
+    for store_error in (RedisConnectionError, RedisTimeoutError, OperationalError, InterfaceError):
+        app.add_exception_handler(store_error, _unavailable)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

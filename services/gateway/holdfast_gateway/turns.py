@@ -1,10 +1,10 @@
 """Starting a turn: the one place the gateway writes.
 
 Order matters so that a refused request writes nothing and an accepted one
-is durable before it is acknowledged: task (created if new) → turn lock
-(409 when held) → turn row and user message in one transaction → the
-``started`` event → the job on the turns stream. A failure after the lock
-releases it again.
+is durable before it is acknowledged. In one transaction: the task (created
+if new; another tenant's is a 404), the turn lock (409 when held), the turn
+row and the user message; after the commit, the ``started`` event and the
+job on the turns stream. A failure after the lock releases it again.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from holdfast_shared.ids import new_id
 from holdfast_shared.jobs import TurnJob
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
@@ -35,21 +36,18 @@ class StartedTurn:
 
 
 async def _get_or_create_task(
-    state: GatewayState, tenant_id: str, task_id: str, agent: str | None, model: str | None
+    session: AsyncSession, tenant_id: str, task_id: str, agent: str | None, model: str | None
 ) -> bool:
-    """Returns True when the task was created by this call."""
-    async with state.sessions.begin() as session:
-        created = await session.scalar(
-            insert(Task)
-            .values(id=task_id, tenant_id=tenant_id, agent=agent, model=model)
-            .on_conflict_do_nothing()
-            .returning(Task.id)
-        )
-        if created is not None:
-            return True
-        owner = await session.scalar(
-            Task.__table__.select().with_only_columns(Task.tenant_id).where(Task.id == task_id)
-        )
+    """Returns True when the task is created by this transaction."""
+    created = await session.scalar(
+        insert(Task)
+        .values(id=task_id, tenant_id=tenant_id, agent=agent, model=model)
+        .on_conflict_do_nothing()
+        .returning(Task.id)
+    )
+    if created is not None:
+        return True
+    owner = await session.scalar(select(Task.tenant_id).where(Task.id == task_id))
     if owner != tenant_id:
         # Another tenant's task is indistinguishable from a missing one.
         raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
@@ -91,27 +89,34 @@ async def start_turn(
     direct: bool,
 ) -> StartedTurn:
     task_id = task_id or new_id("task")
-    new_task = await _get_or_create_task(state, tenant_id, task_id, agent, model)
     turn_id = new_id("turn")
-    if not await state.lock.acquire(task_id, turn_id):
-        await _refuse_busy(state, task_id)
+    locked = False
     appended = None
     try:
+        # One transaction: a refused request (404, 409) rolls back even the
+        # task it would have created, and an accepted message is committed
+        # before anything is queued.
         async with state.sessions.begin() as session:
-            session.add(
-                Turn(id=turn_id, task_id=task_id, status="queued", agent=agent, model=model)
+            new_task = await _get_or_create_task(session, tenant_id, task_id, agent, model)
+            if not await state.lock.acquire(task_id, turn_id):
+                await _refuse_busy(state, task_id)
+            locked = True
+            await session.execute(
+                insert(Turn).values(
+                    id=turn_id, task_id=task_id, status="queued", agent=agent, model=model
+                )
             )
-            await session.flush()
-            msg = Message(
-                task_id=task_id,
-                turn_id=turn_id,
-                position=0,
-                role="user",
-                content=user_content(message, media),
+            message_id = await session.scalar(
+                insert(Message)
+                .values(
+                    task_id=task_id,
+                    turn_id=turn_id,
+                    position=0,
+                    role="user",
+                    content=user_content(message, media),
+                )
+                .returning(Message.id)
             )
-            session.add(msg)
-            await session.flush()
-            message_id = msg.id
         started = ThreadLifecycle(phase="started")
         body = body_json(started)
         appended = await state.eventlog.append_bodies(
@@ -130,6 +135,8 @@ async def start_turn(
         )
         await state.redis.xadd(state.keys.turns, job.to_fields())
     except BaseException:
+        if not locked:
+            raise
         if appended is not None:
             # The client may already replay this turn: end it visibly.
             await state.eventlog.append(

@@ -168,8 +168,11 @@ class TurnConsumer:
         except asyncio.CancelledError:
             return  # shutting down without a hand-back: the entry stays pending
         except Exception:
-            # Left unacknowledged: the job stays pending and is taken over.
+            # Left unacknowledged: the job stays pending and is taken over, at
+            # once since the lease is given up (if PostgreSQL still answers).
             log.exception("turn %s could not be run", job.turn_id)
+            with contextlib.suppress(Exception):
+                await self.leases.release(job.turn_id)
             return
         log.info("turn %s of task %s: %s", job.turn_id, job.task_id, outcome)
         await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)

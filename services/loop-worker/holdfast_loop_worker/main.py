@@ -29,13 +29,14 @@ from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.consumer import TurnConsumer
 from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.providers import ProviderRegistry
-from holdfast_loop_worker.recovery import queue_resume, requeue_unfinished
+from holdfast_loop_worker.recovery import queue_resume, requeue_stale, requeue_unfinished
 from holdfast_loop_worker.state import Snapshots
 from holdfast_loop_worker.toolcalls import ToolCaller
 from holdfast_loop_worker.turn import TurnContext
@@ -63,6 +64,17 @@ async def _expire_questions_forever(
         except Exception:
             log.warning("expiring HITL requests failed; retrying", exc_info=True)
         await asyncio.sleep(interval)
+
+
+async def _sweep_stale_forever(
+    sessions: async_sessionmaker[AsyncSession], redis: Redis, keys: Keys, lease_seconds: int
+) -> None:
+    while True:
+        await asyncio.sleep(lease_seconds)
+        try:
+            await requeue_stale(sessions, redis, keys, lease_seconds)
+        except Exception:
+            log.warning("stale-turn sweep failed; retrying", exc_info=True)
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -131,6 +143,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     background = [
         asyncio.create_task(_advertise_forever(redis, keys, providers.names)),
         asyncio.create_task(_expire_questions_forever(human, redis, keys)),
+        asyncio.create_task(_sweep_stale_forever(sessions, redis, keys, settings.lease_seconds)),
     ]
     log.info(
         "loop-worker %s ready; default model %s; providers: %s",

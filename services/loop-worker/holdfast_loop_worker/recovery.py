@@ -10,13 +10,13 @@ it fails to claim the turn and drops it.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from holdfast_shared.db.models import Task, Turn
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 log = logging.getLogger(__name__)
@@ -48,4 +48,46 @@ async def requeue_unfinished(
         await queue_resume(redis, keys, tenant_id, task_id, turn_id)
     if rows:
         log.warning("queued %d unfinished turn(s) again from PostgreSQL", len(rows))
+    return len(rows)
+
+
+async def requeue_stale(
+    sessions: async_sessionmaker[AsyncSession], redis: Redis, keys: Keys, lease_seconds: int
+) -> int:
+    """Queue running turns whose lease ran out long ago and that nobody took over.
+
+    XAUTOCLAIM normally hands such a turn to another worker; this catches the
+    turns whose job itself is gone (Redis lost it). The lease is pushed
+    forward as a reservation, so the sweep does not queue a turn twice.
+    """
+    now = datetime.now(UTC)
+    stale = now - timedelta(seconds=2 * lease_seconds)
+    async with sessions.begin() as session:
+        rows = (
+            await session.execute(
+                update(Turn)
+                .where(
+                    Turn.status == "running",
+                    Turn.lease_until.is_not(None),
+                    Turn.lease_until < stale,
+                )
+                .values(lease_until=now)
+                .returning(Turn.task_id, Turn.id)
+            )
+        ).all()
+        tenants = (
+            dict(
+                (
+                    await session.execute(
+                        select(Task.id, Task.tenant_id).where(Task.id.in_([r[0] for r in rows]))
+                    )
+                ).all()
+            )
+            if rows
+            else {}
+        )
+    for task_id, turn_id in rows:
+        await queue_resume(redis, keys, tenants[task_id], task_id, turn_id)
+    if rows:
+        log.warning("queued %d stale turn(s) again", len(rows))
     return len(rows)

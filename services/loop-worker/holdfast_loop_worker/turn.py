@@ -513,8 +513,12 @@ class TurnRunner:
         return "parked"
 
     async def _hand_back(self) -> str:
-        """Shutdown: snapshot, give up the lease and queue the turn for another worker."""
-        await self._snapshot("shutdown")
+        """Shutdown: snapshot, give up the lease and queue the turn for another worker.
+
+        The snapshot keeps the last boundary's ``last_seq``: what the cut-off
+        step emitted since is then named by the resumer's ``turn_resumed``.
+        """
+        await self._snapshot("shutdown", advance=False)
         await self.ctx.leases.release(self.job.turn_id)
         job = self.job.model_copy(update={"resume": True})
         await self.ctx.redis.xadd(self.ctx.keys.turns, job.to_fields())
@@ -591,8 +595,10 @@ class TurnRunner:
         )
 
     # -- persistence -----------------------------------------------------------
-    async def _snapshot(self, reason: str) -> None:
-        self.state.last_seq = await self.emitter.drain() or self.state.last_seq
+    async def _snapshot(self, reason: str, *, advance: bool = True) -> None:
+        last_seq = await self.emitter.drain()
+        if advance:
+            self.state.last_seq = last_seq or self.state.last_seq
         now = time.monotonic()
         self.state.active_ms += int((now - self._started) * 1000)
         self._started = now

@@ -3,7 +3,8 @@
 The ``tool_results`` row is claimed (``running``) before the tool starts and
 completed after, in PostgreSQL. A redelivered call finds the row: a finished
 call's stored outcome is sent again; a call another runner is still running
-is waited for; a call whose runner died mid-run is reported as interrupted —
+is waited for; a call whose runner died mid-run (its ``runner_alive`` key
+lapsed, or it overran its timeout) is reported as interrupted —
 never run a second time, because its side effects may already have happened.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from holdfast_shared.db.models import ToolResultRecord
 from holdfast_shared.jobs import InboxMessage, ToolCallJob, ToolOutcome
+from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -36,11 +38,13 @@ class ToolExecutor:
     def __init__(
         self,
         redis: Redis,
+        keys: Keys,
         sessions: async_sessionmaker[AsyncSession],
         workspaces: Workspaces,
         runner_id: str,
     ) -> None:
         self.redis = redis
+        self.keys = keys
         self.sessions = sessions
         self.workspaces = workspaces
         self.runner_id = runner_id
@@ -127,7 +131,10 @@ class ToolExecutor:
                 return ToolOutcome(output=(row.output or {}).get("value"), error=row.error)
             if deadline is None:
                 deadline = row.started_at + timedelta(seconds=job.timeout_seconds) + _GRACE
-            if datetime.now(UTC) > deadline:
+            runner_gone = row.runner is not None and not await self.redis.exists(
+                self.keys.runner_alive(row.runner)
+            )
+            if runner_gone or datetime.now(UTC) > deadline:
                 log.warning("tool call %s was interrupted on %s", job.tool_call_id, row.runner)
                 return ToolOutcome(
                     error="this tool call was interrupted (its runner stopped mid-call); "

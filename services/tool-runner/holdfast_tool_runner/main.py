@@ -13,6 +13,7 @@ lets running ones finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from holdfast_shared.keys import Keys
 from holdfast_shared.logs import configure_logging
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
+from redis.asyncio import Redis
 
 from holdfast_tool_runner.consumer import ToolConsumer
 from holdfast_tool_runner.executor import ToolExecutor
@@ -31,9 +33,17 @@ from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
 
-# A call pending this long on a runner is taken over by another; the
-# executor then waits for, or reports, the original run (never re-runs it).
-CLAIM_IDLE_MS = 60_000
+ALIVE_TTL_SECONDS = 6
+
+
+async def _stay_alive(redis: Redis, key: str) -> None:
+    """Keep this runner's liveness key, so others can tell a dead runner's calls."""
+    while True:
+        try:
+            await redis.set(key, "1", ex=ALIVE_TTL_SECONDS)
+        except Exception:
+            log.warning("could not refresh the liveness key; retrying", exc_info=True)
+        await asyncio.sleep(ALIVE_TTL_SECONDS / 3)
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -52,19 +62,24 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     consumer = ToolConsumer(
         redis,
         keys,
-        ToolExecutor(redis, sessions, workspaces, runner_id),
+        ToolExecutor(redis, keys, sessions, workspaces, runner_id),
         workspaces,
         consumer_name=runner_id,
         concurrency=settings.tool_concurrency,
-        claim_idle_ms=CLAIM_IDLE_MS,
+        claim_idle_ms=int(settings.tool_claim_idle_seconds * 1000),
     )
     found = await probe()
     log.info(
         "tool-runner %s ready; workspaces in %s; sandbox: %s", runner_id, workspaces.root, found
     )
+    alive = asyncio.create_task(_stay_alive(redis, keys.runner_alive(runner_id)))
     try:
         await consumer.run(stop)
     finally:
+        alive.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await alive
+        await redis.delete(keys.runner_alive(runner_id))
         await redis.aclose()
         await engine.dispose()
     log.info("tool-runner stopped")

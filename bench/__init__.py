@@ -1,0 +1,6 @@
+"""Holdfast performance bench: ``uv run python -m bench.run --help``.
+
+Everything runs against real processes (one gateway, one or two
+loop-workers) on a real Redis and PostgreSQL, beside a raw redis-py baseline
+measured in the same run. See ``docs/performance.md``.
+"""

@@ -1,0 +1,324 @@
+"""Turns survive their processes: worker kills, tool-runner kills, full restarts, drain,
+cancel and deadlines — real processes, SIGKILL and SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from holdfast_shared.db.models import Turn
+from sqlalchemy import select
+
+from tests.conftest import engine_env
+from tests.processes import EngineProcesses
+from tests.sse_client import Received, execute, replay, stream
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+ASKER = "asker"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    redis_url: str,
+    database_url: str,
+    redis_prefix: str,
+    api_keys: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[EngineProcesses]:
+    """One gateway, two loop-workers and a tool-runner, with a 2 s lease."""
+    workspaces = tmp_path_factory.mktemp("recovery-workspaces")
+    env = engine_env(
+        redis_url,
+        database_url,
+        f"{redis_prefix}recovery:",
+        HOLDFAST_LEASE_SECONDS="2",
+        HOLDFAST_DRAIN_SECONDS="1",
+        HOLDFAST_TOOL_CLAIM_IDLE_SECONDS="3",
+        HOLDFAST_WORKSPACE_ROOT=str(workspaces),
+        HOLDFAST_TOOL_PERMISSIONS=json.dumps(
+            {"*": {"bash": "allow"}, ASKER: {"bash": "ask"}}
+        ),
+    )
+    procs = EngineProcesses(env)
+    procs.workspaces = workspaces  # type: ignore[attr-defined]
+    procs.start_tool_runner()
+    procs.start_worker()
+    procs.start_worker()
+    procs.start_gateway()
+    yield procs
+    procs.stop()
+
+
+def script(**kw: Any) -> str:
+    return "/script " + json.dumps(kw)
+
+
+def visible_text(events: list[dict[str, Any]]) -> str:
+    """The text a client shows: deltas minus the ranges a turn_resumed discards."""
+    dropped: set[int] = set()
+    for event in events:
+        if event["type"] == "turn_resumed" and event.get("discard_from_seq"):
+            dropped.update(range(event["discard_from_seq"], event["discard_to_seq"] + 1))
+    return "".join(
+        e["text"] for e in events if e["type"] == "text_delta" and e["seq"] not in dropped
+    )
+
+
+def assert_whole(events: list[dict[str, Any]]) -> None:
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "gapless, no duplicate"
+    terminal = [e for e in events if e["type"] == "thread_lifecycle" and e["phase"] != "started"]
+    assert len(terminal) == 1 and terminal[0] is events[-1]
+
+
+async def owner_of(sessions: Any, turn_id: str) -> str | None:
+    for _ in range(100):
+        async with sessions() as session:
+            owner = await session.scalar(select(Turn.lease_owner).where(Turn.id == turn_id))
+        if owner:
+            return str(owner)
+        await asyncio.sleep(0.05)
+    return None
+
+
+def process_of(cluster: EngineProcesses, owner: str) -> subprocess.Popen[bytes]:
+    pid = int(owner.rsplit("-", 1)[1])
+    return next(p for p in cluster.workers if p.pid == pid)
+
+
+async def test_worker_killed_mid_stream_the_turn_goes_on(
+    cluster: EngineProcesses, api_keys: dict[str, str], sessions: Any
+) -> None:
+    key = api_keys["main"]
+    message = script(text="word ", deltas=40, delay_ms=50)
+    async with httpx.AsyncClient(timeout=60) as client:
+        live = asyncio.create_task(execute(client, cluster.url, key, {"message": message}))
+        await asyncio.sleep(0.8)  # some deltas are out
+        turn_id = await _running_turn(sessions)
+        victim = process_of(cluster, await owner_of(sessions, turn_id) or "")
+        victim.kill()
+        victim.wait()
+        cluster.workers.remove(victim)
+        cluster.start_worker()
+        got = await live
+    assert_whole(got.events)
+    resumed = [e for e in got.events if e["type"] == "turn_resumed"]
+    assert len(resumed) == 1 and resumed[0]["reason"] == "worker_lost"
+    assert resumed[0]["discard_from_seq"] <= resumed[0]["discard_to_seq"] < resumed[0]["seq"]
+    assert visible_text(got.events) == "word " * 40
+    assert got.events[-1]["phase"] == "completed"
+
+
+async def _running_turn(sessions: Any) -> str:
+    for _ in range(100):
+        async with sessions() as session:
+            turn_id = await session.scalar(
+                select(Turn.id).where(Turn.status == "running").order_by(Turn.created_at.desc())
+            )
+        if turn_id:
+            return str(turn_id)
+        await asyncio.sleep(0.05)
+    raise AssertionError("no running turn")
+
+
+async def test_worker_killed_during_a_tool_call_does_not_repeat_it(
+    cluster: EngineProcesses, api_keys: dict[str, str], sessions: Any
+) -> None:
+    key = api_keys["main"]
+    task_id = f"tool-kill-{secrets.token_hex(3)}"
+    command = "echo ran >> effects.log; sleep 2; echo done"
+    message = script(tool_calls=[{"name": "bash", "input": {"command": command}}])
+    async with httpx.AsyncClient(timeout=60) as client:
+        live = asyncio.create_task(
+            execute(client, cluster.url, key, {"message": message, "task_id": task_id})
+        )
+        turn_id = await _running_turn(sessions)
+        owner = await owner_of(sessions, turn_id)
+        await asyncio.sleep(0.8)  # the tool is running now
+        victim = process_of(cluster, owner or "")
+        victim.kill()
+        victim.wait()
+        cluster.workers.remove(victim)
+        cluster.start_worker()
+        got = await live
+    assert_whole(got.events)
+    effects = (cluster.workspaces / task_id / "effects.log").read_text()  # type: ignore[attr-defined]
+    assert effects == "ran\n", "the tool ran exactly once"
+    results = [e for e in got.events if e["type"] == "tool_result"]
+    assert len(results) == 1 and results[0]["output"]["stdout"] == "done\n"
+    assert got.events[-1]["phase"] == "completed"
+
+
+async def test_tool_runner_killed_mid_call_is_reported_not_rerun(
+    cluster: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    task_id = f"runner-kill-{secrets.token_hex(3)}"
+    command = "echo ran >> effects.log; sleep 5; echo done"
+    message = script(tool_calls=[{"name": "bash", "input": {"command": command}}])
+    async with httpx.AsyncClient(timeout=60) as client:
+        live = asyncio.create_task(
+            execute(client, cluster.url, key, {"message": message, "task_id": task_id})
+        )
+        log = cluster.workspaces / task_id / "effects.log"  # type: ignore[attr-defined]
+        for _ in range(100):
+            if log.exists():
+                break
+            await asyncio.sleep(0.05)
+        runner = cluster.runners.pop()
+        runner.kill()
+        runner.wait()
+        cluster.start_tool_runner()
+        got = await live
+    assert_whole(got.events)
+    assert log.read_text() == "ran\n", "the interrupted call was not run again"
+    result = [e for e in got.events if e["type"] == "tool_result"][0]
+    assert "interrupted" in result["error"]
+    assert got.events[-1]["phase"] == "completed"
+
+
+async def test_parked_question_survives_a_full_restart(
+    cluster: EngineProcesses, api_keys: dict[str, str], sessions: Any
+) -> None:
+    key = api_keys["main"]
+    task_id = f"parked-{secrets.token_hex(3)}"
+    message = script(tool_calls=[{"name": "bash", "input": {"command": "echo answered"}}])
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await stream(
+            client, "POST", f"{cluster.url}/execute", key=key, limit=5,
+            json={"message": message, "task_id": task_id, "agent": ASKER},
+        )
+        request = first.events[-1]
+        assert request["type"] == "hitl_request"
+        async with sessions() as session:
+            status = await session.scalar(select(Turn.status).where(Turn.id == request["turn_id"]))
+        assert status == "parked", "no worker holds a parked turn"
+
+        cluster.kill_all()
+        cluster.start_tool_runner()
+        cluster.start_worker()
+        cluster.start_gateway()
+
+        pending = (
+            await client.get(f"{cluster.url}/hitl/pending", headers={"X-Engine-Key": key})
+        ).json()["pending"]
+        assert request["request_id"] in [p["request_id"] for p in pending]
+        # A client reopened later sees the question in the replay.
+        reopened = await replay(
+            client, cluster.url, key, {"task_id": task_id}, limit=len(first.events)
+        )
+        assert reopened.events[-1]["request_id"] == request["request_id"]
+        answer = await client.post(
+            f"{cluster.url}/hitl/respond",
+            json={"task_id": task_id, "request_id": request["request_id"], "answer": "yes"},
+            headers={"X-Engine-Key": key},
+        )
+        assert answer.status_code == 200
+        rest = await replay(client, cluster.url, key, {"task_id": task_id, "after_seq": 5})
+    events = first.events + rest.events
+    assert_whole(events)
+    types = [e["type"] for e in rest.events]
+    assert types[:2] == ["turn_resumed", "hitl_resolved"]
+    assert [e for e in rest.events if e["type"] == "tool_result"][0]["output"]["stdout"] == (
+        "answered\n"
+    )
+    assert events[-1]["phase"] == "completed"
+
+
+async def test_cancel_stops_a_running_turn_and_the_task_goes_on(
+    cluster: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    task_id = f"cancel-{secrets.token_hex(3)}"
+    async with httpx.AsyncClient(timeout=60) as client:
+        live = asyncio.create_task(
+            execute(
+                client, cluster.url, key,
+                {"message": script(text="x ", deltas=100, delay_ms=50), "task_id": task_id},
+            )
+        )
+        await asyncio.sleep(1.0)
+        response = await client.post(
+            f"{cluster.url}/execute/cancel", json={"task_id": task_id},
+            headers={"X-Engine-Key": key},
+        )
+        got = await live
+        idle = await client.post(
+            f"{cluster.url}/execute/cancel", json={"task_id": task_id},
+            headers={"X-Engine-Key": key},
+        )
+        after = await execute(client, cluster.url, key, {"message": "next", "task_id": task_id})
+    assert response.status_code == 200 and response.json()["status"] == "cancelling"
+    assert_whole(got.events)
+    assert got.events[-1] == {**got.events[-1], "phase": "completed", "stop_reason": "cancelled"}
+    assert got.types.count("text_delta") < 100
+    assert got.types[-3:-1] == ["content_block_stop", "usage"]
+    assert idle.status_code == 409 and idle.json()["error"] == "NO_RUNNING_TURN"
+    assert after.events[-1]["phase"] == "completed"
+
+
+async def test_sigterm_drains_then_hands_the_turn_back(
+    cluster: EngineProcesses, api_keys: dict[str, str], sessions: Any
+) -> None:
+    key = api_keys["main"]
+    async with httpx.AsyncClient(timeout=60) as client:
+        live = asyncio.create_task(
+            execute(
+                client, cluster.url, key, {"message": script(text="d ", deltas=60, delay_ms=50)}
+            )
+        )
+        turn_id = await _running_turn(sessions)
+        await asyncio.sleep(0.5)
+        victim = process_of(cluster, await owner_of(sessions, turn_id) or "")
+        victim.send_signal(signal.SIGTERM)  # drain 1 s < the turn's 3 s: handed back
+        assert victim.wait(20) == 0
+        cluster.workers.remove(victim)
+        cluster.start_worker()
+        got = await live
+    assert_whole(got.events)
+    resumed = [e for e in got.events if e["type"] == "turn_resumed"]
+    assert len(resumed) == 1 and resumed[0]["reason"] == "resumed"
+    assert visible_text(got.events) == "d " * 60
+    assert got.events[-1]["phase"] == "completed"
+
+
+@pytest.fixture(scope="module")
+def deadline_engine(
+    redis_url: str, database_url: str, redis_prefix: str, api_keys: dict[str, str]
+) -> Iterator[EngineProcesses]:
+    env = engine_env(
+        redis_url, database_url, f"{redis_prefix}deadline:", HOLDFAST_TURN_DEADLINE_SECONDS="1"
+    )
+    procs = EngineProcesses(env)
+    procs.start_worker()
+    procs.start_gateway()
+    yield procs
+    procs.stop()
+
+
+async def test_deadline_ends_a_hung_turn(
+    deadline_engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    async with httpx.AsyncClient(timeout=60) as client:
+        got: Received = await execute(
+            client, deadline_engine.url, key, {"message": script(text="s ", deltas=30, delay_ms=100)}
+        )
+        task_id = got.headers["x-task-id"]
+        after = await execute(client, deadline_engine.url, key, {"message": "ok", "task_id": task_id})
+    assert_whole(got.events)
+    assert got.events[-2]["type"] == "error" and got.events[-2]["error"] == "DEADLINE_EXCEEDED"
+    assert got.events[-1]["phase"] == "errored"
+    assert got.types[-3] == "content_block_stop", "the open block was closed"
+    assert after.events[-1]["phase"] == "completed"
+
+
