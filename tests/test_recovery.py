@@ -199,8 +199,14 @@ async def test_parked_question_survives_a_full_restart(
         )
         request = first.events[-1]
         assert request["type"] == "hitl_request"
-        async with sessions() as session:
-            status = await session.scalar(select(Turn.status).where(Turn.id == request["turn_id"]))
+        for _ in range(100):  # the worker parks right after emitting the request
+            async with sessions() as session:
+                status = await session.scalar(
+                    select(Turn.status).where(Turn.id == request["turn_id"])
+                )
+            if status == "parked":
+                break
+            await asyncio.sleep(0.05)
         assert status == "parked", "no worker holds a parked turn"
 
         cluster.kill_all()

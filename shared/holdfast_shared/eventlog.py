@@ -383,6 +383,14 @@ class EventLog:
         await self._clear_dirty(keys=[self.keys.archive_dirty], args=[task_id, dirty_score])
         return copied
 
+    async def archive_now(self, task_id: str) -> int:
+        """Archive the task's events right away (at a turn's snapshot boundary).
+
+        Leaves the dirty mark for the regular archiver, which may have seen
+        newer events.
+        """
+        return await self.archive_task(task_id, -1.0)  # scores start at 1: never cleared
+
     async def archive_pending(self, limit: int = 200) -> int:
         """One archiving pass over the tasks marked dirty; returns events copied."""
         dirty = await self.redis.zrange(self.keys.archive_dirty, 0, limit - 1, withscores=True)

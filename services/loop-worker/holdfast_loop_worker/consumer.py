@@ -30,7 +30,9 @@ from collections.abc import Awaitable, Callable
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.turn import TurnContext, TurnRunner
@@ -136,6 +138,11 @@ class TurnConsumer:
                 raise
             log.warning("the turns group is gone (Redis lost its data?); rebuilding")
             await self._ensure_group()
+            return []
+        except (RedisConnectionError, RedisTimeoutError):
+            # Redis is restarting: wait, then read again (the group may be gone).
+            log.warning("Redis unreachable; retrying", exc_info=True)
+            await asyncio.sleep(0.5)
             return []
         return [(e[0], e[1], None) for _s, stream_entries in reply or [] for e in stream_entries]
 

@@ -599,6 +599,9 @@ class TurnRunner:
         last_seq = await self.emitter.drain()
         if advance:
             self.state.last_seq = last_seq or self.state.last_seq
+        # Everything up to the snapshot is in PostgreSQL before the snapshot
+        # is: even a Redis that loses its data loses at most the next step.
+        await self.ctx.eventlog.archive_now(self.job.task_id)
         now = time.monotonic()
         self.state.active_ms += int((now - self._started) * 1000)
         self._started = now

@@ -17,7 +17,9 @@ import logging
 from holdfast_shared.jobs import ToolCallJob, WorkspaceRemoval
 from holdfast_shared.keys import TOOLS_GROUP, Keys
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from holdfast_tool_runner.executor import ToolExecutor
 from holdfast_tool_runner.sandbox import reap_leftovers
@@ -80,6 +82,19 @@ class ToolConsumer:
                 await asyncio.gather(*self._running, return_exceptions=True)
 
     async def _next_entries(self, count: int) -> list[Entry]:
+        try:
+            return await self._read(count)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("the tools group is gone (Redis lost its data?); recreating it")
+            await ensure_group(self.redis, self.keys)
+        except (RedisConnectionError, RedisTimeoutError):
+            log.warning("Redis unreachable; retrying", exc_info=True)
+            await asyncio.sleep(0.5)
+        return []
+
+    async def _read(self, count: int) -> list[Entry]:
         # Calls a dead runner left pending first: they are the oldest.
         _cursor, claimed, *_ = await self.redis.xautoclaim(
             self.keys.tools,
