@@ -9,7 +9,6 @@ import secrets
 import signal
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,9 +43,7 @@ def cluster(
         HOLDFAST_DRAIN_SECONDS="1",
         HOLDFAST_TOOL_CLAIM_IDLE_SECONDS="3",
         HOLDFAST_WORKSPACE_ROOT=str(workspaces),
-        HOLDFAST_TOOL_PERMISSIONS=json.dumps(
-            {"*": {"bash": "allow"}, ASKER: {"bash": "ask"}}
-        ),
+        HOLDFAST_TOOL_PERMISSIONS=json.dumps({"*": {"bash": "allow"}, ASKER: {"bash": "ask"}}),
     )
     procs = EngineProcesses(env)
     procs.workspaces = workspaces  # type: ignore[attr-defined]
@@ -181,7 +178,7 @@ async def test_tool_runner_killed_mid_call_is_reported_not_rerun(
         got = await live
     assert_whole(got.events)
     assert log.read_text() == "ran\n", "the interrupted call was not run again"
-    result = [e for e in got.events if e["type"] == "tool_result"][0]
+    result = next(e for e in got.events if e["type"] == "tool_result")
     assert "interrupted" in result["error"]
     assert got.events[-1]["phase"] == "completed"
 
@@ -194,7 +191,11 @@ async def test_parked_question_survives_a_full_restart(
     message = script(tool_calls=[{"name": "bash", "input": {"command": "echo answered"}}])
     async with httpx.AsyncClient(timeout=60) as client:
         first = await stream(
-            client, "POST", f"{cluster.url}/execute", key=key, limit=5,
+            client,
+            "POST",
+            f"{cluster.url}/execute",
+            key=key,
+            limit=5,
             json={"message": message, "task_id": task_id, "agent": ASKER},
         )
         request = first.events[-1]
@@ -234,7 +235,7 @@ async def test_parked_question_survives_a_full_restart(
     assert_whole(events)
     types = [e["type"] for e in rest.events]
     assert types[:2] == ["turn_resumed", "hitl_resolved"]
-    assert [e for e in rest.events if e["type"] == "tool_result"][0]["output"]["stdout"] == (
+    assert next(e for e in rest.events if e["type"] == "tool_result")["output"]["stdout"] == (
         "answered\n"
     )
     assert events[-1]["phase"] == "completed"
@@ -248,18 +249,22 @@ async def test_cancel_stops_a_running_turn_and_the_task_goes_on(
     async with httpx.AsyncClient(timeout=60) as client:
         live = asyncio.create_task(
             execute(
-                client, cluster.url, key,
+                client,
+                cluster.url,
+                key,
                 {"message": script(text="x ", deltas=100, delay_ms=50), "task_id": task_id},
             )
         )
         await asyncio.sleep(1.0)
         response = await client.post(
-            f"{cluster.url}/execute/cancel", json={"task_id": task_id},
+            f"{cluster.url}/execute/cancel",
+            json={"task_id": task_id},
             headers={"X-Engine-Key": key},
         )
         got = await live
         idle = await client.post(
-            f"{cluster.url}/execute/cancel", json={"task_id": task_id},
+            f"{cluster.url}/execute/cancel",
+            json={"task_id": task_id},
             headers={"X-Engine-Key": key},
         )
         after = await execute(client, cluster.url, key, {"message": "next", "task_id": task_id})
@@ -317,14 +322,17 @@ async def test_deadline_ends_a_hung_turn(
     key = api_keys["main"]
     async with httpx.AsyncClient(timeout=60) as client:
         got: Received = await execute(
-            client, deadline_engine.url, key, {"message": script(text="s ", deltas=30, delay_ms=100)}
+            client,
+            deadline_engine.url,
+            key,
+            {"message": script(text="s ", deltas=30, delay_ms=100)},
         )
         task_id = got.headers["x-task-id"]
-        after = await execute(client, deadline_engine.url, key, {"message": "ok", "task_id": task_id})
+        after = await execute(
+            client, deadline_engine.url, key, {"message": "ok", "task_id": task_id}
+        )
     assert_whole(got.events)
     assert got.events[-2]["type"] == "error" and got.events[-2]["error"] == "DEADLINE_EXCEEDED"
     assert got.events[-1]["phase"] == "errored"
     assert got.types[-3] == "content_block_stop", "the open block was closed"
     assert after.events[-1]["phase"] == "completed"
-
-
