@@ -47,6 +47,7 @@ def provider_engine(
         OPENAI_BASE_URL=f"{servers['openai'].url}/v1",
         GEMINI_API_KEY="gemini-test",
         HOLDFAST_GEMINI_BASE_URL=servers["gemini"].url,
+        HOLDFAST_AGENT_MODELS=f'{{"researcher": "gemini:{fake_gemini.MODEL}"}}',
     )
     procs = EngineProcesses(env)
     procs.start_worker()
@@ -157,3 +158,30 @@ async def test_provider_failure_ends_the_turn_with_a_stable_code(
     assert got.events[1]["error"] == "CONTEXT_OVERFLOW"
     assert got.events[-1]["phase"] == "errored"
     assert again.text == "fine" and again.events[-1]["phase"] == "completed", again.events
+
+
+async def test_an_agent_brings_its_own_model(
+    provider_engine: EngineProcesses, api_keys: dict[str, str], servers: dict[str, WireServer]
+) -> None:
+    gemini, anthropic = servers["gemini"], servers["anthropic"]
+    for server in (gemini, anthropic):
+        server.replies.clear()
+        server.requests.clear()
+    gemini.queue(fake_gemini.text_reply(["from ", "gemini"]))
+    anthropic.queue(fake_anthropic.text_reply(["from ", "claude"]))
+    async with httpx.AsyncClient(timeout=30) as client:
+        by_agent = await execute(
+            client, provider_engine.url, api_keys["main"], {"message": "hi", "agent": "researcher"}
+        )
+        by_request = await execute(
+            client,
+            provider_engine.url,
+            api_keys["main"],
+            {
+                "message": "hi",
+                "agent": "researcher",
+                "model": f"anthropic:{fake_anthropic.MODEL}",
+            },
+        )
+    assert by_agent.text == "from gemini" and len(gemini.requests) == 1
+    assert by_request.text == "from claude" and len(anthropic.requests) == 1

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     channel_state_ttl_hitl: int = 259200
 
     model: str | None = None
+    # Per-agent default models: {"<agent>": "provider:model"}; a request's
+    # own "model" still wins.
+    agent_models: dict[str, str] = {}
     max_iterations: int = 25
     turn_deadline_seconds: int = 3600
     lease_seconds: int = 10

@@ -80,6 +80,9 @@ async def _sweep_stale_forever(
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     redis_url, database_url = settings.require_urls()
     providers = ProviderRegistry.from_env(os.environ, settings.model)
+    for agent, spec in settings.agent_models.items():
+        providers.resolve(spec)  # an agent's model no worker can run is a start-up error
+        log.info("agent %s uses %s", agent, spec)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -121,6 +124,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         max_iterations=settings.max_iterations,
         deadline_seconds=settings.turn_deadline_seconds,
         hitl_ttl_seconds=settings.channel_state_ttl_hitl,
+        agent_models=settings.agent_models,
     )
 
     async def rebuild() -> None:

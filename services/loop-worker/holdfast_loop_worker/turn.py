@@ -115,6 +115,7 @@ class TurnContext:
     max_iterations: int
     deadline_seconds: float
     hitl_ttl_seconds: int
+    agent_models: dict[str, str] = field(default_factory=dict)
     retry_attempts: int = 4
 
 
@@ -209,6 +210,13 @@ class TurnRunner:
         if snapshot is not None:
             self.state = snapshot
         await self.ctx.lock.ensure(self.job.task_id, self.job.turn_id)
+        if snapshot is None and await self.ctx.snapshots.ever_saved(self.job.turn_id):
+            # Its channel state outlived its TTL: the turn cannot go on, and a
+            # client replaying it learns so from the error.
+            return await self._fail(
+                ErrorCode.CHANNEL_STATE_EXPIRED,
+                "the turn's saved state expired before it could continue; send the message again",
+            )
         try:
             if await self._cancel_requested():
                 return await self._end_cancelled()
@@ -613,7 +621,12 @@ class TurnRunner:
         if row is None or row.status not in ("queued", "running", "parked"):
             return None
         self.agent = self.job.agent or row.agent
-        self.model = self.job.model or row.model or self.ctx.providers.default_model
+        self.model = (
+            self.job.model
+            or row.model
+            or self.ctx.agent_models.get(self.agent or "")
+            or self.ctx.providers.default_model
+        )
         return row
 
     async def _store(self, role: str, content: dict[str, Any], *, upsert: bool) -> None:
