@@ -88,16 +88,6 @@ class Snapshots:
                 )
             )
 
-    async def ever_saved(self, turn_id: str) -> bool:
-        """Whether the turn had snapshots at all (expired ones included)."""
-        async with self.sessions() as session:
-            found = await session.scalar(
-                select(ChannelStateSnapshot.id)
-                .where(ChannelStateSnapshot.turn_id == turn_id)
-                .limit(1)
-            )
-        return found is not None
-
     async def latest(self, turn_id: str) -> TurnState | None:
         """The turn's newest snapshot that has not expired, if any."""
         async with self.sessions() as session:

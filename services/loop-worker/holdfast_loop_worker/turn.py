@@ -200,17 +200,15 @@ class TurnRunner:
     async def run(self) -> str:
         """Returns ``completed``, ``errored``, ``cancelled``, ``parked``,
         ``handed_back`` or ``skipped`` (another worker has it, or it is over)."""
-        if not await self.ctx.leases.claim(self.job.turn_id):
-            return "skipped"
-        row = await self._load_turn()
-        if row is None:
+        row = await self._load_turn()  # as it was before this worker claimed it
+        if row is None or not await self.ctx.leases.claim(self.job.turn_id):
             return "skipped"
         snapshot = await self.ctx.snapshots.latest(self.job.turn_id)
         resuming = snapshot is not None or self.resume_reason is not None
         if snapshot is not None:
             self.state = snapshot
         await self.ctx.lock.ensure(self.job.task_id, self.job.turn_id)
-        if snapshot is None and await self.ctx.snapshots.ever_saved(self.job.turn_id):
+        if snapshot is None and self._state_expired(row):
             # Its channel state outlived its TTL: the turn cannot go on, and a
             # client replaying it learns so from the error.
             return await self._fail(
@@ -614,6 +612,15 @@ class TurnRunner:
         self.state.active_ms += int((now - self._started) * 1000)
         self._started = now
         await self.ctx.snapshots.save(self.job.task_id, self.job.turn_id, reason, self.state)
+
+    def _state_expired(self, row: Turn) -> bool:
+        """No live snapshot of a turn older than the snapshots' TTL: its state is gone.
+
+        (A young turn without one simply died before its first snapshot and
+        starts over.)
+        """
+        age = datetime.now(UTC) - row.created_at
+        return row.status != "queued" and age > self.ctx.snapshots.active_ttl
 
     async def _load_turn(self) -> Turn | None:
         async with self.ctx.sessions() as session:
