@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,17 +13,18 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.processes import free_port
-from tests.sse_client import execute, replay
+from tests.sse_client import execute, replay, stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 KEY = "hf_up_test_key_0123456789abcdef"
 
 
-def start_up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_up(data_dir: Path, port: int, log: Path, **extra: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
     env.update(
         HOLDFAST_DATA_DIR=str(data_dir),
@@ -28,6 +32,7 @@ def start_up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         HOLDFAST_API_KEY=KEY,
         HOLDFAST_MODEL="scripted",
         HOLDFAST_HEARTBEAT_SECONDS="1",
+        **extra,
     )
     with log.open("ab") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
@@ -93,3 +98,60 @@ async def test_restart_keeps_tasks_and_events(tmp_path: Path) -> None:
     assert replayed.events == first.events
     assert second.seqs[0] == first.seqs[-1] + 1
     assert second.text == "You said: after restart Earlier you said: before restart"
+
+
+def kill_everything(proc: subprocess.Popen[bytes], data_dir: Path) -> int:
+    """kill -9 the supervisor, every service, and the embedded Redis and PostgreSQL."""
+    victims = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for candidate in psutil.process_iter(["cmdline"]):
+        if str(data_dir) in " ".join(candidate.info["cmdline"] or []):
+            victims.append(candidate)
+    for victim in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.kill()
+    psutil.wait_procs(victims, timeout=10)
+    proc.wait()
+    return len(victims)
+
+
+async def test_kill_9_of_everything_then_the_next_start_finishes_the_turn(
+    tmp_path: Path,
+) -> None:
+    data_dir, log = tmp_path / "data", tmp_path / "up.log"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    fast = {"HOLDFAST_LEASE_SECONDS": "2"}
+    proc = start_up(data_dir, port, log, **fast)
+    message = "/script " + json.dumps({"text": "k ", "deltas": 80, "delay_ms": 50})
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = await stream(
+                client,
+                "POST",
+                f"{base}/execute",
+                key=KEY,
+                limit=10,
+                json={"message": message, "task_id": "crashy"},
+            )
+    finally:
+        killed = kill_everything(proc, data_dir)
+    assert killed >= 6, "supervisor, services, redis-server and postgres"
+
+    proc = start_up(data_dir, port, log, **fast)
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            deadline = time.monotonic() + 90
+            while True:
+                rest = await replay(
+                    client, base, KEY, {"task_id": "crashy", "after_seq": first.seqs[-1]}
+                )
+                if rest.events and rest.events[-1]["type"] == "thread_lifecycle":
+                    break
+                assert time.monotonic() < deadline, "the turn was not finished after restart"
+                await asyncio.sleep(0.5)
+    finally:
+        stop_up(proc)
+    events = first.events + rest.events
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["phase"] == "completed"
+    assert "turn_resumed" in rest.types

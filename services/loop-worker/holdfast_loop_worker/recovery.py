@@ -54,11 +54,13 @@ async def requeue_unfinished(
 async def requeue_stale(
     sessions: async_sessionmaker[AsyncSession], redis: Redis, keys: Keys, lease_seconds: int
 ) -> int:
-    """Queue running turns whose lease ran out long ago and that nobody took over.
+    """Queue unfinished turns that nobody has held for a while.
 
-    XAUTOCLAIM normally hands such a turn to another worker; this catches the
-    turns whose job itself is gone (Redis lost it). The lease is pushed
-    forward as a reservation, so the sweep does not queue a turn twice.
+    XAUTOCLAIM normally hands a dead worker's turn to another worker; this
+    catches the turns whose job itself is gone (a Redis that lost its last
+    second of writes, or all of them). The lease is set to now as a
+    reservation, so the sweep does not queue the same turn every pass; a
+    duplicate job is harmless (the second claim fails, or finds it over).
     """
     now = datetime.now(UTC)
     stale = now - timedelta(seconds=2 * lease_seconds)
@@ -67,9 +69,11 @@ async def requeue_stale(
             await session.execute(
                 update(Turn)
                 .where(
-                    Turn.status == "running",
-                    Turn.lease_until.is_not(None),
-                    Turn.lease_until < stale,
+                    Turn.status.in_(("queued", "running")),
+                    or_(
+                        Turn.lease_until < stale,
+                        Turn.lease_until.is_(None) & (Turn.created_at < stale),
+                    ),
                 )
                 .values(lease_until=now)
                 .returning(Turn.task_id, Turn.id)

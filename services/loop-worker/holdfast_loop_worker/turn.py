@@ -204,7 +204,10 @@ class TurnRunner:
         if row is None or not await self.ctx.leases.claim(self.job.turn_id):
             return "skipped"
         snapshot = await self.ctx.snapshots.latest(self.job.turn_id)
-        resuming = snapshot is not None or self.resume_reason is not None
+        # A turn that never ran (its first job was lost) just starts.
+        resuming = snapshot is not None or (
+            self.resume_reason is not None and row.status != "queued"
+        )
         if snapshot is not None:
             self.state = snapshot
         await self.ctx.lock.ensure(self.job.task_id, self.job.turn_id)
