@@ -1,20 +1,44 @@
-"""Payloads that travel on Redis queues between services."""
+"""Payloads that travel on Redis streams between services.
+
+Each is one stream entry with a single field (``FIELD``) holding the JSON.
+"""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict
 
 
-class TurnJob(BaseModel):
+class _Entry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    FIELD: ClassVar[str] = "job"
+
+    def to_fields(self) -> dict[str, str]:
+        return {self.FIELD: self.model_dump_json()}
+
+    @classmethod
+    def find(cls, fields: dict[str, str]) -> Self | None:
+        """The payload if this entry carries one of this kind."""
+        raw = fields.get(cls.FIELD)
+        return None if raw is None else cls.model_validate_json(raw)
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> Self:
+        """The payload; ValueError when the entry has none or it does not parse."""
+        found = cls.find(fields)
+        if found is None:
+            raise ValueError(f"stream entry has no {cls.FIELD!r} field")
+        return found
+
+
+class TurnJob(_Entry):
     """One turn to run: appended by the gateway to ``Keys.turns``.
 
     The user's message is already stored (``messages`` row ``message_id``) when
     the job is enqueued, so a job never carries the only copy of user input.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     task_id: str
     turn_id: str
@@ -30,33 +54,19 @@ class TurnJob(BaseModel):
     # worker picks it up from its last snapshot.
     resume: bool = False
 
-    FIELD: ClassVar[str] = "job"
-
     @classmethod
     def resuming(cls, tenant_id: str, task_id: str, turn_id: str) -> TurnJob:
         """A job that continues an existing turn from its snapshot."""
         return cls(task_id=task_id, turn_id=turn_id, tenant_id=tenant_id, resume=True)
 
-    def to_fields(self) -> dict[str, str]:
-        return {self.FIELD: self.model_dump_json()}
 
-    @classmethod
-    def from_fields(cls, fields: dict[str, str]) -> TurnJob:
-        raw = fields.get(cls.FIELD)
-        if raw is None:
-            raise ValueError("turn job entry has no 'job' field")
-        return cls.model_validate_json(raw)
-
-
-class ToolCallJob(BaseModel):
+class ToolCallJob(_Entry):
     """One tool call for the tool-runners (``Keys.tools``).
 
     ``reply_to`` is the inbox stream of the loop-worker waiting for it; the
     durable answer is the ``tool_results`` row, so a reply that finds no
     listener is not lost.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     task_id: str
     turn_id: str
@@ -67,17 +77,13 @@ class ToolCallJob(BaseModel):
     network: bool = False
     timeout_seconds: float = 60.0
 
-    FIELD: ClassVar[str] = "job"
 
-    def to_fields(self) -> dict[str, str]:
-        return {self.FIELD: self.model_dump_json()}
+class WorkspaceRemoval(_Entry):
+    """A deleted task's workspace to remove: sent on ``Keys.tools`` beside tool calls."""
 
-    @classmethod
-    def from_fields(cls, fields: dict[str, str]) -> ToolCallJob:
-        raw = fields.get(cls.FIELD)
-        if raw is None:
-            raise ValueError("tool call entry has no 'job' field")
-        return cls.model_validate_json(raw)
+    FIELD: ClassVar[str] = "remove_workspace"
+
+    task_id: str
 
 
 class ToolOutcome(BaseModel):
@@ -89,41 +95,11 @@ class ToolOutcome(BaseModel):
     error: str | None = None
 
 
-class InboxMessage(BaseModel):
+class InboxMessage(_Entry):
     """A reply to a loop-worker (a tool outcome), by correlation id."""
 
-    model_config = ConfigDict(frozen=True)
+    FIELD: ClassVar[str] = "msg"
 
     kind: Literal["tool_result"]
     correlation_id: str
     payload: dict[str, Any]
-
-    FIELD: ClassVar[str] = "msg"
-
-    def to_fields(self) -> dict[str, str]:
-        return {self.FIELD: self.model_dump_json()}
-
-    @classmethod
-    def from_fields(cls, fields: dict[str, str]) -> InboxMessage:
-        raw = fields.get(cls.FIELD)
-        if raw is None:
-            raise ValueError("inbox entry has no 'msg' field")
-        return cls.model_validate_json(raw)
-
-
-class WorkspaceRemoval(BaseModel):
-    """A deleted task's workspace to remove: sent on ``Keys.tools`` beside tool calls."""
-
-    model_config = ConfigDict(frozen=True)
-
-    task_id: str
-
-    FIELD: ClassVar[str] = "remove_workspace"
-
-    def to_fields(self) -> dict[str, str]:
-        return {self.FIELD: self.model_dump_json()}
-
-    @classmethod
-    def from_fields(cls, fields: dict[str, str]) -> WorkspaceRemoval | None:
-        raw = fields.get(cls.FIELD)
-        return None if raw is None else cls.model_validate_json(raw)

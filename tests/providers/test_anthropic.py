@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from holdfast_loop_worker.blocks import assemble
 from holdfast_loop_worker.providers.anthropic import (
     AnthropicProvider,
     from_env,
@@ -16,7 +17,6 @@ from holdfast_loop_worker.providers.base import (
     BlockStart,
     BlockStop,
     Finish,
-    ModelEvent,
     ModelRequest,
     ProviderError,
     TextChunk,
@@ -29,37 +29,13 @@ from holdfast_loop_worker.providers.retry import StreamInterrupted, stream_with_
 from holdfast_shared.conversation import ChatMessage
 
 from tests.providers import fake_anthropic as fake
+from tests.providers.streams import CLOCK, SYSTEM, WEATHER, collect, collect_until_error, user
 from tests.providers.wire import WireServer
 
 pytestmark = pytest.mark.timeout(30)
 
 API_KEY = "sk-ant-test-0123456789"
-SYSTEM = "You are Holdfast's test agent."
-WEATHER = ToolSpec(
-    name="get_weather",
-    description="Current weather for a city.",
-    input_schema={
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city"],
-    },
-)
-CLOCK = ToolSpec(name="get_time", description="", input_schema={"type": "object", "properties": {}})
 TOOL_ID = "toolu_01A09q90qw90lq917835lq9"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[WireServer]:
-    wire = WireServer().start()
-    yield wire
-    wire.stop()
-
-
-@pytest.fixture
-def wire(server: WireServer) -> WireServer:
-    server.replies.clear()
-    server.requests.clear()
-    return server
 
 
 @pytest.fixture
@@ -76,10 +52,6 @@ async def thinking_provider(wire: WireServer) -> AsyncIterator[AnthropicProvider
     await p.aclose()
 
 
-def user(text: str) -> ChatMessage:
-    return ChatMessage(role="user", blocks=({"type": "text", "text": text},))
-
-
 def request(*messages: ChatMessage, tools: tuple[ToolSpec, ...] = ()) -> ModelRequest:
     return ModelRequest(
         model=fake.MODEL,
@@ -88,45 +60,6 @@ def request(*messages: ChatMessage, tools: tuple[ToolSpec, ...] = ()) -> ModelRe
         tools=tools,
         max_tokens=1024,
     )
-
-
-async def collect(stream: AsyncIterator[ModelEvent]) -> list[ModelEvent]:
-    return [event async for event in stream]
-
-
-async def collect_until_error(
-    stream: AsyncIterator[ModelEvent],
-) -> tuple[list[ModelEvent], ProviderError]:
-    events: list[ModelEvent] = []
-    with pytest.raises(ProviderError) as caught:
-        async for event in stream:
-            events.append(event)
-    return events, caught.value
-
-
-def stored_blocks(events: list[ModelEvent]) -> list[dict[str, Any]]:
-    """The assistant blocks as the loop stores them, built from the events."""
-    blocks: dict[int, dict[str, Any]] = {}
-    for e in events:
-        if isinstance(e, BlockStart):
-            if e.block_type == "tool_use":
-                blocks[e.index] = {"type": "tool_use", "id": e.tool_call_id, "name": e.tool_name}
-                blocks[e.index]["json"] = ""
-            else:
-                blocks[e.index] = {"type": e.block_type, "text": ""}
-        elif isinstance(e, TextChunk | ThinkingChunk):
-            blocks[e.index]["text"] += e.text
-        elif isinstance(e, ToolInputChunk):
-            blocks[e.index]["json"] += e.partial_json
-        elif isinstance(e, BlockStop) and e.redacted is not None:
-            blocks[e.index]["redacted"] = e.redacted
-        elif isinstance(e, BlockStop) and e.signature:
-            blocks[e.index]["signature"] = e.signature
-    for block in blocks.values():
-        if block["type"] == "tool_use":
-            raw = block.pop("json")
-            block["input"] = json.loads(raw) if raw else {}
-    return [blocks[i] for i in sorted(blocks)]
 
 
 # --- streams ---------------------------------------------------------------
@@ -233,7 +166,7 @@ async def test_tool_call_round_trip_sends_result_and_signed_thinking_back(
     assert BlockStop(0, signature=fake.SIGNATURE) in first
     assert first[-1] == Finish("tool_use", {"raw_stop_reason": "tool_use"})
 
-    assistant = ChatMessage(role="assistant", blocks=tuple(stored_blocks(first)))
+    assistant = ChatMessage(role="assistant", blocks=tuple(assemble(first)))
     result = ChatMessage(
         role="user",
         blocks=({"type": "tool_result", "tool_use_id": TOOL_ID, "output": "18°C, sunny"},),
@@ -277,7 +210,7 @@ async def test_redacted_thinking_goes_back_opaque(
     first = await collect(thinking_provider.stream(request(tools=(CLOCK,))))
 
     assert first[:2] == [BlockStart(0, "thinking"), BlockStop(0, redacted=fake.REDACTED)]
-    blocks = stored_blocks(first)
+    blocks = assemble(first)
     assert blocks == [
         {"type": "thinking", "text": "", "redacted": fake.REDACTED},
         {"type": "text", "text": "Checking."},

@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from holdfast_loop_worker.blocks import assemble
 from holdfast_loop_worker.providers.base import (
     BlockStart,
     BlockStop,
@@ -19,7 +20,6 @@ from holdfast_loop_worker.providers.base import (
     TextChunk,
     ThinkingChunk,
     ToolInputChunk,
-    ToolSpec,
     UsageReport,
 )
 from holdfast_loop_worker.providers.gemini import GeminiProvider, from_env
@@ -27,36 +27,13 @@ from holdfast_loop_worker.providers.retry import StreamInterrupted, stream_with_
 from holdfast_shared.conversation import ChatMessage
 
 from tests.providers import fake_gemini as fake
+from tests.providers.streams import SYSTEM, WEATHER, collect, user
 from tests.providers.wire import Recorded, WireServer
 
 pytestmark = pytest.mark.timeout(30)
 
 API_KEY = "AIzaSyTest-0123456789abcdefghijklmnop"
 MODEL = fake.MODEL
-SYSTEM = "You are Holdfast's test agent."
-WEATHER = ToolSpec(
-    name="get_weather",
-    description="Current weather for a city.",
-    input_schema={
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city"],
-    },
-)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[WireServer]:
-    wire = WireServer().start()
-    yield wire
-    wire.stop()
-
-
-@pytest.fixture
-def wire(server: WireServer) -> WireServer:
-    server.replies.clear()
-    server.requests.clear()
-    return server
 
 
 @pytest.fixture
@@ -66,47 +43,12 @@ async def provider(wire: WireServer) -> AsyncIterator[GeminiProvider]:
     await p.aclose()
 
 
-def user(text: str) -> ChatMessage:
-    return ChatMessage(role="user", blocks=({"type": "text", "text": text},))
-
-
 def request(*messages: ChatMessage, model: str = MODEL, **kwargs: Any) -> ModelRequest:
     return ModelRequest(model=model, system=SYSTEM, messages=messages or (user("Hello"),), **kwargs)
 
 
-async def collect(stream: AsyncIterator[ModelEvent]) -> list[ModelEvent]:
-    return [event async for event in stream]
-
-
-def blocks_from_events(events: list[ModelEvent]) -> tuple[dict[str, Any], ...]:
-    """The assistant message's blocks as the loop builds them from events.
-
-    Mirrors ``turn._Block.to_content``, except that a tool_use block keeps its
-    signature too (Gemini signs function calls; see the report on turn.py).
-    """
-    blocks: dict[int, dict[str, Any]] = {}
-    raw_input: dict[int, str] = {}
-    for event in events:
-        if isinstance(event, BlockStart):
-            if event.block_type == "tool_use":
-                blocks[event.index] = {
-                    "type": "tool_use",
-                    "id": event.tool_call_id,
-                    "name": event.tool_name,
-                }
-                raw_input[event.index] = ""
-            else:
-                blocks[event.index] = {"type": event.block_type, "text": ""}
-        elif isinstance(event, TextChunk | ThinkingChunk):
-            blocks[event.index]["text"] += event.text
-        elif isinstance(event, ToolInputChunk):
-            raw_input[event.index] += event.partial_json
-        elif isinstance(event, BlockStop):
-            if event.index in raw_input:
-                blocks[event.index]["input"] = json.loads(raw_input[event.index] or "{}")
-            if event.signature:
-                blocks[event.index]["signature"] = event.signature
-    return tuple(blocks[i] for i in sorted(blocks))
+def tuple_blocks(events: list[ModelEvent]) -> tuple[dict[str, Any], ...]:
+    return tuple(assemble(events))
 
 
 def only(wire: WireServer) -> Recorded:
@@ -197,7 +139,7 @@ async def test_tool_call_round_trip_sends_the_result_and_the_signature_back(
     assert events[-1] == Finish("tool_use", {"raw_stop_reason": "STOP"})
 
     # The loop stores the answer and the tool's result, then calls again.
-    assistant = ChatMessage(role="assistant", blocks=blocks_from_events(events))
+    assistant = ChatMessage(role="assistant", blocks=tuple_blocks(events))
     result = ChatMessage(
         role="user",
         blocks=(
@@ -244,7 +186,7 @@ async def test_call_ids_from_gemini_are_kept_and_sent_back(
         ),
     )
     wire.queue(fake.text_reply(["Sorry."]))
-    assistant = ChatMessage(role="assistant", blocks=blocks_from_events(events))
+    assistant = ChatMessage(role="assistant", blocks=tuple_blocks(events))
     await collect(provider.stream(request(user("Hi"), assistant, failed, tools=(WEATHER,))))
 
     contents = wire.requests[1].json["contents"]

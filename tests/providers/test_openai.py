@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from holdfast_loop_worker.blocks import assemble
 from holdfast_loop_worker.providers.base import (
     BlockStart,
     BlockStop,
     Finish,
     ModelEvent,
     ModelRequest,
-    ProviderError,
     TextChunk,
     ThinkingChunk,
     ToolInputChunk,
@@ -31,37 +31,13 @@ from holdfast_loop_worker.providers.retry import StreamInterrupted, stream_with_
 from holdfast_shared.conversation import ChatMessage
 
 from tests.providers import fake_openai as fake
+from tests.providers.streams import CLOCK, SYSTEM, WEATHER, collect, collect_until_error, user
 from tests.providers.wire import Reply, WireServer
 
 pytestmark = pytest.mark.timeout(30)
 
 API_KEY = "sk-proj-test-0123456789"
-SYSTEM = "You are Holdfast's test agent."
-WEATHER = ToolSpec(
-    name="get_weather",
-    description="Current weather for a city.",
-    input_schema={
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city"],
-    },
-)
-CLOCK = ToolSpec(name="get_time", description="", input_schema={"type": "object", "properties": {}})
 CALL_ID = "call_12345xyz"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[WireServer]:
-    wire = WireServer().start()
-    yield wire
-    wire.stop()
-
-
-@pytest.fixture
-def wire(server: WireServer) -> WireServer:
-    server.replies.clear()
-    server.requests.clear()
-    return server
 
 
 @pytest.fixture
@@ -69,10 +45,6 @@ async def provider(wire: WireServer) -> AsyncIterator[OpenAIProvider]:
     p = OpenAIProvider(api_key=API_KEY, base_url=f"{wire.url}/v1")
     yield p
     await p.aclose()
-
-
-def user(text: str) -> ChatMessage:
-    return ChatMessage(role="user", blocks=({"type": "text", "text": text},))
 
 
 def request(*messages: ChatMessage, tools: tuple[ToolSpec, ...] = ()) -> ModelRequest:
@@ -83,46 +55,6 @@ def request(*messages: ChatMessage, tools: tuple[ToolSpec, ...] = ()) -> ModelRe
         tools=tools,
         max_tokens=1024,
     )
-
-
-async def collect(stream: AsyncIterator[ModelEvent]) -> list[ModelEvent]:
-    return [event async for event in stream]
-
-
-async def collect_until_error(
-    stream: AsyncIterator[ModelEvent],
-) -> tuple[list[ModelEvent], ProviderError]:
-    events: list[ModelEvent] = []
-    with pytest.raises(ProviderError) as caught:
-        async for event in stream:
-            events.append(event)
-    return events, caught.value
-
-
-def stored_blocks(events: list[ModelEvent]) -> list[dict[str, Any]]:
-    """The assistant blocks as the loop stores them (see ``turn._Block.to_content``)."""
-    blocks: dict[int, dict[str, Any]] = {}
-    inputs: dict[int, list[str]] = {}
-    for event in events:
-        if isinstance(event, BlockStart):
-            if event.block_type == "tool_use":
-                blocks[event.index] = {
-                    "type": "tool_use",
-                    "id": event.tool_call_id,
-                    "name": event.tool_name,
-                }
-                inputs[event.index] = []
-            else:
-                blocks[event.index] = {"type": event.block_type, "text": ""}
-        elif isinstance(event, TextChunk | ThinkingChunk):
-            blocks[event.index]["text"] += event.text
-        elif isinstance(event, ToolInputChunk):
-            inputs[event.index].append(event.partial_json)
-        elif isinstance(event, BlockStop) and event.signature:
-            blocks[event.index]["signature"] = event.signature
-    for index, parts in inputs.items():
-        blocks[index]["input"] = json.loads("".join(parts))
-    return [blocks[i] for i in sorted(blocks)]
 
 
 def text_of(events: list[ModelEvent]) -> str:
@@ -249,7 +181,7 @@ async def test_reasoning_field_variants_are_read_once(
 
     events = await collect(provider.stream(request()))
 
-    assert stored_blocks(events) == [
+    assert assemble(events) == [
         {"type": "thinking", "text": "Hmm, ok."},
         {"type": "text", "text": "Done."},
     ]
@@ -288,7 +220,7 @@ async def test_tool_call_round_trip(provider: OpenAIProvider, wire: WireServer) 
         BlockStop(2),
     ]
     assert events[-1] == Finish("tool_use", {"raw_stop_reason": "tool_calls"})
-    blocks = stored_blocks(events)
+    blocks = assemble(events)
     assert blocks == [
         {"type": "thinking", "text": "Need the weather."},
         {"type": "text", "text": "Let me check."},
@@ -386,7 +318,7 @@ async def test_two_parallel_tool_calls(provider: OpenAIProvider, wire: WireServe
         BlockStart(0, "tool_use", "get_weather", "call_paris"),
         BlockStart(1, "tool_use", "get_weather", "call_oslo"),
     ]
-    assert stored_blocks(events) == [
+    assert assemble(events) == [
         {"type": "tool_use", "id": "call_paris", "name": "get_weather", "input": {"city": "Paris"}},
         {
             "type": "tool_use",
@@ -416,7 +348,7 @@ async def test_ollama_parallel_calls_at_one_index_are_told_apart_by_id(
 
     events = await collect(provider.stream(request(tools=(WEATHER, CLOCK))))
 
-    assert stored_blocks(events) == [
+    assert assemble(events) == [
         {"type": "tool_use", "id": "call_a1", "name": "get_weather", "input": {"city": "Rome"}},
         {"type": "tool_use", "id": "call_b2", "name": "get_time", "input": {}},
     ]

@@ -68,6 +68,7 @@ from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from holdfast_loop_worker.blocks import Block
 from holdfast_loop_worker.emitter import Emitter
 from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.lease import Leases
@@ -124,46 +125,6 @@ class Parked(Exception):
 
 
 @dataclass
-class _Block:
-    block_type: str
-    text: str = ""
-    signature: str | None = None
-    redacted: str | None = None
-    tool_name: str | None = None
-    tool_call_id: str | None = None
-    partial_json: list[str] = field(default_factory=list)
-    closed: bool = False
-
-    def tool_input(self) -> dict[str, Any]:
-        raw = "".join(self.partial_json)
-        if not raw:
-            return {}
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            return {"_unparsed": raw}
-        return value if isinstance(value, dict) else {"value": value}
-
-    def to_content(self) -> dict[str, Any]:
-        if self.block_type == "tool_use":
-            call: dict[str, Any] = {
-                "type": "tool_use",
-                "id": self.tool_call_id,
-                "name": self.tool_name,
-                "input": self.tool_input(),
-            }
-            if self.signature:  # Gemini signs function calls and wants them back
-                call["signature"] = self.signature
-            return call
-        block: dict[str, Any] = {"type": self.block_type, "text": self.text}
-        if self.signature:
-            block["signature"] = self.signature
-        if self.redacted is not None:
-            block["redacted"] = self.redacted
-        return block
-
-
-@dataclass
 class _Seen:
     """Events of this turn logged after the last snapshot (read when resuming)."""
 
@@ -187,7 +148,7 @@ class TurnRunner:
         self.emitter = Emitter(ctx.eventlog, job.task_id, job.turn_id)
         self.state = TurnState()
         self.seen = _Seen()
-        self.blocks: dict[int, _Block] = {}
+        self.blocks: dict[int, Block] = {}
         self.used_tools = False
         self.provider_name: str | None = None
         self.agent = job.agent
@@ -315,31 +276,27 @@ class TurnRunner:
             state.stop_reason = stop_reason
         await self._snapshot("model_call")
 
-    async def _model_call(self, stream: AsyncIterator[ModelEvent]) -> tuple[list[_Block], str]:
+    async def _model_call(self, stream: AsyncIterator[ModelEvent]) -> tuple[list[Block], str]:
         self.blocks = blocks = {}
         stop_reason = "end_turn"
         emit = self.emitter.emit
         try:
             async for item in stream:
                 if isinstance(item, TextChunk):
-                    blocks[item.index].text += item.text
+                    blocks[item.index].add(item)
                     await emit(TextDelta(text=item.text))
                 elif isinstance(item, ThinkingChunk):
-                    blocks[item.index].text += item.text
+                    blocks[item.index].add(item)
                     await emit(ThinkingDelta(text=item.text))
                 elif isinstance(item, ToolInputChunk):
-                    blocks[item.index].partial_json.append(item.partial_json)
+                    blocks[item.index].add(item)
                 elif isinstance(item, BlockStart):
-                    blocks[item.index] = _Block(
-                        item.block_type, tool_name=item.tool_name, tool_call_id=item.tool_call_id
-                    )
+                    blocks[item.index] = Block.opened(item)
                     await emit(
                         ContentBlockStart(block_index=item.index, block_type=item.block_type)
                     )
                 elif isinstance(item, BlockStop):
-                    block = blocks[item.index]
-                    block.redacted = item.redacted
-                    await self._close(item.index, block, item.signature)
+                    await self._close(item.index, blocks[item.index], item)
                 elif isinstance(item, UsageReport):
                     self.state.add_usage(
                         {
@@ -366,10 +323,9 @@ class TurnRunner:
         return [blocks[i] for i in sorted(blocks)], stop_reason
 
     async def _close(
-        self, index: int, block: _Block, signature: str | None, *, announce_tool: bool = True
+        self, index: int, block: Block, stop: BlockStop | None, *, announce_tool: bool = True
     ) -> None:
-        block.signature = signature
-        block.closed = True
+        block.close(stop)
         await self.emitter.emit(
             ContentBlockStop(block_index=index, block_type=block.block_type)  # type: ignore[arg-type]
         )

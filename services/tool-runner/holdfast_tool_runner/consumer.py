@@ -119,7 +119,7 @@ class ToolConsumer:
 
     async def _handle(self, entry: Entry) -> None:
         entry_id, fields = entry
-        removal = WorkspaceRemoval.from_fields(fields)
+        removal = WorkspaceRemoval.find(fields)
         if removal is not None:
             await self._remove_workspace(removal.task_id)
             await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
