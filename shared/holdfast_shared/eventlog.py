@@ -39,12 +39,14 @@ from holdfast_shared.keys import Keys
 
 log = logging.getLogger(__name__)
 
-# KEYS: events stream, archived watermark, the task's turn lock.
+# KEYS: events stream, archived watermark, the task's turn lock, its turn epoch.
 # ARGV: task_id, turn_id ('' = null), floor seq ('' = unknown), floor ts,
-#       release ('1' = release the turn lock if turn_id holds it), then
-#       (type, body) pairs. Returns {first_seq, ts_1, ..., ts_n}, or {-1} when
-#       the stream is gone and the caller must supply the floor from PostgreSQL.
+#       release ('1' = release the turn lock if turn_id holds it), epoch ('' =
+#       unfenced), then (type, body) pairs. Returns {first_seq, ts_1, ...},
+#       {-1} when the stream is gone and the caller must supply the floor from
+#       PostgreSQL, or {-2} when another worker took the turn over (fenced).
 _APPEND = """
+if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[6] then return {-2} end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local seq, ts
 if #last == 0 then
@@ -64,7 +66,7 @@ local turn = 'null'
 if ARGV[2] ~= '' then turn = '"' .. ARGV[2] .. '"' end
 local head = '{"task_id":"' .. ARGV[1] .. '","turn_id":' .. turn .. ',"seq":'
 local out = {seq + 1}
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   seq = seq + 1
   if now > ts then ts = now else ts = ts + 1 end
   local data = head .. string.format('%d', seq) .. ',"timestamp":' .. string.format('%d', ts)
@@ -133,6 +135,15 @@ class Appended:
         return self.first_seq + len(self.timestamps) - 1
 
 
+class Superseded(Exception):
+    """This writer's turn was taken over by another worker; it must stop writing."""
+
+
+async def next_epoch(redis: Redis, keys: Keys, task_id: str) -> int:
+    """Start a new epoch for the task's turn: writers of older epochs are fenced off."""
+    return int(await redis.incr(keys.turn_epoch(task_id)))
+
+
 def _seq_of(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
 
@@ -185,12 +196,16 @@ class EventLog:
         *,
         new_task: bool = False,
         release_lock: bool = False,
+        epoch: int | None = None,
     ) -> Appended:
         """Like :meth:`append`, for callers that serialised the bodies already.
 
         ``release_lock`` frees the task's turn lock (if ``turn_id`` holds it) in
         the same atomic step as the append: the terminal event of a turn and
         the task becoming free for its next message are one moment.
+        ``epoch`` fences a turn's writer: the append is refused with
+        :class:`Superseded` once the turn's epoch moved on (another worker
+        took it over while this one stalled).
         """
         if not bodies:
             raise ValueError("nothing to append")
@@ -202,10 +217,14 @@ class EventLog:
             self.keys.events(task_id),
             self.keys.archived(task_id),
             self.keys.running_turn(task_id),
+            self.keys.turn_epoch(task_id),
         ]
         release = "1" if release_lock else ""
+        fence = "" if epoch is None else str(epoch)
         while True:
-            result = await self._call_append(keys, task_id, turn_id, (*floor, release), flat)
+            result = await self._call_append(keys, task_id, turn_id, (*floor, release, fence), flat)
+            if result[0] == -2:
+                raise Superseded(f"turn {turn_id} of task {task_id} was taken over")
             if result[0] != -1:
                 return Appended(int(result[0]), tuple(int(ts) for ts in result[1:]))
             seq, ts = await self._pg_floor(task_id)
@@ -216,7 +235,7 @@ class EventLog:
         keys: list[str],
         task_id: str,
         turn_id: str | None,
-        head: tuple[str, str, str],
+        head: tuple[str, str, str, str],
         flat: list[str],
     ) -> list[int]:
         args = [task_id, turn_id or "", *head, *flat]

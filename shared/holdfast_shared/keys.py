@@ -78,6 +78,10 @@ class Keys:
         """Held by the archiver copying the task's events (so others skip it)."""
         return f"{self.prefix}task:{{{task_id}}}:archiving"
 
+    def turn_epoch(self, task_id: str) -> str:
+        """Counter bumped by each worker that takes the task's turn: fences stale writers."""
+        return f"{self.prefix}task:{{{task_id}}}:epoch"
+
     def running_turn(self, task_id: str) -> str:
         """Id of the task's running turn; its presence is the one-turn-per-task lock."""
         return f"{self.prefix}task:{{{task_id}}}:turn"

@@ -182,6 +182,8 @@ class TurnConsumer:
                 await self.leases.release(job.turn_id)
             return
         log.info("turn %s of task %s: %s", job.turn_id, job.task_id, outcome)
+        if outcome == "superseded":
+            return  # the entry now belongs to the worker that took the turn over
         await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
 
     async def _drain(self) -> None:

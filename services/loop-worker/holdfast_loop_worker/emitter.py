@@ -20,6 +20,8 @@ _HIGH_WATER = 2000
 class Emitter:
     def __init__(self, log: EventLog, task_id: str, turn_id: str) -> None:
         self._log = log
+        # Set when the turn is claimed; appends of a superseded epoch are refused.
+        self.epoch: int | None = None
         self._task_id = task_id
         self._turn_id = turn_id
         self._pending: list[tuple[str, str]] = []
@@ -49,7 +51,7 @@ class Emitter:
         await self.drain()
         bodies = [(event.type, body_json(event)) for event in events]
         appended = await self._log.append_bodies(
-            self._task_id, self._turn_id, bodies, release_lock=True
+            self._task_id, self._turn_id, bodies, release_lock=True, epoch=self.epoch
         )
         self.last_seq = appended.last_seq
         return self.last_seq
@@ -57,5 +59,7 @@ class Emitter:
     async def _write(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
-            appended = await self._log.append_bodies(self._task_id, self._turn_id, batch)
+            appended = await self._log.append_bodies(
+                self._task_id, self._turn_id, batch, epoch=self.epoch
+            )
             self.last_seq = appended.last_seq

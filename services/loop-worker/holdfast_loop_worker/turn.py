@@ -44,7 +44,7 @@ from typing import Any
 from holdfast_shared.conversation import for_provider, load_history
 from holdfast_shared.db.models import HitlRequestRecord, Message, Turn
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.eventlog import EventLog
+from holdfast_shared.eventlog import EventLog, Superseded, next_epoch
 from holdfast_shared.events import (
     ContentBlockStart,
     ContentBlockStop,
@@ -138,6 +138,13 @@ class _Seen:
     hitl_resolved: set[str] = field(default_factory=set)
 
 
+# What a model call emits; after the last snapshot, these belong to a call
+# that was cut off.
+_MODEL_OUTPUT = frozenset(
+    {"content_block_start", "content_block_stop", "text_delta", "thinking_delta", "tool_call"}
+)
+
+
 class TurnRunner:
     """Runs (or continues) one turn until it ends, parks or is handed back."""
 
@@ -160,10 +167,21 @@ class TurnRunner:
     # -- lifecycle -------------------------------------------------------------
     async def run(self) -> str:
         """Returns ``completed``, ``errored``, ``cancelled``, ``parked``,
-        ``handed_back`` or ``skipped`` (another worker has it, or it is over)."""
+        ``handed_back``, ``skipped`` (another worker has it, or it is over) or
+        ``superseded`` (another worker took it over while this one stalled)."""
         row = await self._load_turn()  # as it was before this worker claimed it
         if row is None or not await self.ctx.leases.claim(self.job.turn_id):
             return "skipped"
+        # From here on, a worker that stalled past its lease and wakes up
+        # finds its appends refused (fenced) instead of writing over ours.
+        self.emitter.epoch = await next_epoch(self.ctx.redis, self.ctx.keys, self.job.task_id)
+        try:
+            return await self._run_claimed(row)
+        except Superseded:
+            log.warning("turn %s was taken over by another worker; stopping", self.job.turn_id)
+            return "superseded"
+
+    async def _run_claimed(self, row: Turn) -> str:
         snapshot = await self.ctx.snapshots.latest(self.job.turn_id)
         # A turn that never ran (its first job was lost) just starts.
         resuming = snapshot is not None or (
@@ -208,6 +226,8 @@ class TurnRunner:
                 return await self._end_cancelled()
             if self.stop_reason == "handoff":
                 return await self._hand_back()
+            raise
+        except Superseded:
             raise
         except _Interrupted as exc:
             await self._store("assistant", exc.content, upsert=True)
@@ -371,6 +391,7 @@ class TurnRunner:
         await self._store("user", {"blocks": results}, upsert=True)
         state.stage = "model"
         state.pending = []
+        await self._snapshot("tool_results")
 
     async def _call_outcome(self, call: PendingCall) -> ToolOutcome:
         tools = self.ctx.tools
@@ -438,8 +459,9 @@ class TurnRunner:
             for event in page:
                 if f'"turn_id":"{self.job.turn_id}"' not in event.data:
                     continue
-                seen.first_seq = seen.first_seq or event.seq
-                seen.last_seq = event.seq
+                if event.type in _MODEL_OUTPUT:
+                    seen.first_seq = seen.first_seq or event.seq
+                    seen.last_seq = event.seq
                 body = json.loads(event.data)
                 if event.type == "tool_result":
                     seen.tool_results.add(body["tool_call_id"])
@@ -456,9 +478,11 @@ class TurnRunner:
         if seen.terminal:
             return  # it ended already; run() only records that
         reason = self.resume_reason or "resumed"
-        if self.state.stage == "model" and seen.first_seq is not None:
-            # A model call was cut off mid-stream: it runs again, and its
-            # partial output is marked so a client can drop it.
+        if seen.first_seq is not None:
+            # A model call was cut off mid-stream (its output is all that a
+            # step emits besides tool results and questions, which are
+            # tracked above): it runs again, and its partial output is marked
+            # so a client can drop it.
             await self.emitter.emit(
                 TurnResumed(
                     reason=reason,
@@ -596,7 +620,12 @@ class TurnRunner:
         return row
 
     async def _store(self, role: str, content: dict[str, Any], *, upsert: bool) -> None:
-        """Store the message at the state's position; a repeated step overwrites its own."""
+        """Store the message at the state's position; a repeated step overwrites its own.
+
+        Drains first: a writer that was taken over finds out (Superseded) here,
+        before it could overwrite the new owner's message.
+        """
+        await self.emitter.drain()
         statement = insert(Message).values(
             task_id=self.job.task_id,
             turn_id=self.job.turn_id,
