@@ -187,8 +187,6 @@ class HitlRequestRecord(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending")
     answer: Mapped[str | None] = mapped_column(Text)
     feedback: Mapped[str | None] = mapped_column(Text)
-    # The inbox of the worker waiting for the answer.
-    reply_to: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     answered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
