@@ -259,3 +259,24 @@ async def test_workspaces_are_per_task_and_go_with_the_task(
             break
         await asyncio.sleep(0.05)
     assert not (workspace_root / mine).exists()
+
+
+async def test_the_model_asks_the_user_and_the_answer_is_the_result(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    task_id = f"question-{secrets.token_hex(3)}"
+    message = tool_script({"name": "ask_user", "input": {"question": "Which colour?"}})
+    async with httpx.AsyncClient(timeout=60) as client:
+        turn = asyncio.create_task(
+            execute(client, engine.url, key, {"message": message, "task_id": task_id})
+        )
+        asked = await answer_when_asked(client, engine.url, key, task_id, {"answer": "teal"})
+        got = await turn
+    assert asked["kind"] == "question" and asked["question"] == "Which colour?"
+    request = by_type(got, "hitl_request")[0]
+    assert request["kind"] == "question" and "tool_call" not in request
+    assert by_type(got, "hitl_resolved")[0]["answer"] == "teal"
+    assert by_type(got, "tool_result")[0]["output"] == {"answer": "teal"}
+    assert "teal" in got.text
+    assert got.events[-1]["phase"] == "completed"

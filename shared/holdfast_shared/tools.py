@@ -70,10 +70,20 @@ LIST_DIR = ToolSpec(
     _schema({"path": _PATH}, []),
 )
 
-BUILTIN_TOOLS: tuple[ToolSpec, ...] = (BASH, READ_FILE, WRITE_FILE, EDIT_FILE, LIST_DIR)
+# Not run by a tool-runner: the loop parks the turn and the user's answer
+# (POST /hitl/respond) is the result.
+ASK_USER = ToolSpec(
+    "ask_user",
+    "Ask the user a question and wait for the answer (minutes or days). Use it when you "
+    "cannot go on without the user's input.",
+    _schema({"question": {"type": "string", "description": "The question to ask."}}, ["question"]),
+)
+
+BUILTIN_TOOLS: tuple[ToolSpec, ...] = (BASH, READ_FILE, WRITE_FILE, EDIT_FILE, LIST_DIR, ASK_USER)
 BUILTIN_BY_NAME = {tool.name: tool for tool in BUILTIN_TOOLS}
 
 DEFAULT_PERMISSIONS: dict[str, Permission] = {
+    "ask_user": "allow",
     "read_file": "allow",
     "list_dir": "allow",
     "bash": "ask",

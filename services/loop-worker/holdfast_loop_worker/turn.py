@@ -39,7 +39,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from holdfast_shared.conversation import for_provider, load_history
 from holdfast_shared.db.models import HitlRequestRecord, Message, Turn
@@ -61,7 +61,7 @@ from holdfast_shared.events import (
 )
 from holdfast_shared.jobs import ToolOutcome, TurnJob
 from holdfast_shared.keys import Keys
-from holdfast_shared.tools import BUILTIN_TOOLS
+from holdfast_shared.tools import ASK_USER, BUILTIN_TOOLS
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
 from sqlalchemy import update
@@ -70,7 +70,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.blocks import Block
 from holdfast_loop_worker.emitter import Emitter
-from holdfast_loop_worker.hitl import HumanChannel
+from holdfast_loop_worker.hitl import Answer, HumanChannel
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.providers import (
     BlockStart,
@@ -397,6 +397,8 @@ class TurnRunner:
         tools = self.ctx.tools
         if tools is None:
             return ToolOutcome(error="tools are not available on this engine")
+        if call.name == ASK_USER.name:
+            return await self._ask_user(call)
         self.used_tools = True
         rule = tools.policy(self.agent, call.name)
         if rule == "unknown":
@@ -411,21 +413,52 @@ class TurnRunner:
         return await tools.run(ctx, call.id, call.name, call.input)
 
     async def _permission(self, call: PendingCall) -> ToolOutcome | None:
-        """None when the user allowed the call; else the outcome the model sees.
+        """None when the user allowed the call; else the outcome the model sees."""
+        answer = await self._ask(
+            call,
+            "permission",
+            f"Allow the agent to run {call.name}? {preview(call.input)}",
+            {"tool": call.name, "tool_call_id": call.id, "input": call.input},
+        )
+        if answer.status == "expired":
+            return ToolOutcome(error="permission request expired without an answer")
+        if (answer.answer or "").strip().lower() != "yes":
+            feedback = f" Feedback: {answer.feedback}" if answer.feedback else ""
+            return ToolOutcome(error=f"the user denied permission to run {call.name}.{feedback}")
+        return None
 
-        Parks the turn (raises :class:`Parked`) while the question is open.
-        """
+    async def _ask_user(self, call: PendingCall) -> ToolOutcome:
+        """The model's own question (the ``ask_user`` tool): the answer is the result."""
+        question = call.input.get("question")
+        if not isinstance(question, str) or not question.strip():
+            return ToolOutcome(error="ask_user needs a non-empty 'question' string")
+        answer = await self._ask(call, "question", question, None)
+        if answer.status == "expired":
+            return ToolOutcome(error="the user did not answer before the question expired")
+        output: dict[str, Any] = {"answer": answer.answer}
+        if answer.feedback:
+            output["feedback"] = answer.feedback
+        return ToolOutcome(output=output)
+
+    async def _ask(
+        self,
+        call: PendingCall,
+        kind: Literal["permission", "question"],
+        text: str,
+        tool_call: dict[str, Any] | None,
+    ) -> Answer:
+        """The user's answer; parks the turn (raises :class:`Parked`) while none is in."""
         human = self.ctx.human
         if call.hitl_request is None:
-            question = await human.open(
+            opened = await human.open(
                 tenant_id=self.job.tenant_id,
                 task_id=self.job.task_id,
                 turn_id=self.job.turn_id,
-                kind="permission",
-                question=f"Allow the agent to run {call.name}? {preview(call.input)}",
-                tool_call={"tool": call.name, "tool_call_id": call.id, "input": call.input},
+                kind=kind,
+                question=text,
+                tool_call=tool_call,
             )
-            call.hitl_request = question.request_id
+            call.hitl_request = opened.request_id
             await self._snapshot("hitl")
         question, answer = await human.read(call.hitl_request)
         if answer.status == "pending":
@@ -440,16 +473,11 @@ class TurnRunner:
                     )
                 )
             raise Parked(question.request_id)
-        if answer.status == "expired":
-            return ToolOutcome(error="permission request expired without an answer")
-        if question.request_id not in self.seen.hitl_resolved:
+        if answer.status != "expired" and question.request_id not in self.seen.hitl_resolved:
             await self.emitter.emit(
                 HitlResolved(request_id=question.request_id, answer=answer.answer)
             )
-        if (answer.answer or "").strip().lower() != "yes":
-            feedback = f" Feedback: {answer.feedback}" if answer.feedback else ""
-            return ToolOutcome(error=f"the user denied permission to run {call.name}.{feedback}")
-        return None
+        return answer
 
     # -- resuming, parking, handing back ---------------------------------------
     async def _announce_resume(self) -> None:

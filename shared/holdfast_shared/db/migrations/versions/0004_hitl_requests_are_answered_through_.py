@@ -5,9 +5,8 @@ Revises: 0003
 Create Date: 2026-11-23 06:13:10.383993
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = "0004"
 down_revision = "0003"
