@@ -9,6 +9,7 @@ job on the turns stream. A failure after the lock releases it again.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -20,7 +21,7 @@ from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
 from holdfast_shared.ids import new_id
 from holdfast_shared.jobs import TurnJob
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -137,17 +138,27 @@ async def start_turn(
     except BaseException:
         if not locked:
             raise
-        if appended is not None:
+        if appended is None:
+            # Never announced: take the turn back entirely, so the client's
+            # retry is the only run of this message.
+            with contextlib.suppress(Exception):
+                async with state.sessions.begin() as session:
+                    await session.execute(delete(Turn).where(Turn.id == turn_id))
+        else:
             # The client may already replay this turn: end it visibly.
-            await state.eventlog.append(
-                task_id,
-                turn_id,
-                [
-                    ErrorEvent(error=ErrorCode.INTERNAL, message="the turn could not be queued"),
-                    ThreadLifecycle(phase="errored"),
-                ],
-            )
-        await state.lock.release(task_id, turn_id)
+            with contextlib.suppress(Exception):
+                await state.eventlog.append(
+                    task_id,
+                    turn_id,
+                    [
+                        ErrorEvent(
+                            error=ErrorCode.INTERNAL, message="the turn could not be queued"
+                        ),
+                        ThreadLifecycle(phase="errored"),
+                    ],
+                )
+        with contextlib.suppress(Exception):
+            await state.lock.release(task_id, turn_id)
         raise
     data = envelope_json(task_id, turn_id, appended.first_seq, appended.timestamps[0], body)
     return StartedTurn(task_id, turn_id, LoggedEvent(appended.first_seq, started.type, data))

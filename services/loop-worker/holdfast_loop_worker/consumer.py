@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
+from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -40,18 +41,6 @@ from holdfast_loop_worker.turn import TurnContext, TurnRunner
 log = logging.getLogger(__name__)
 
 BLOCK_MS = 1000
-
-
-async def ensure_group(redis: Redis, stream: str, group: str) -> bool:
-    """Create the group (and stream) if missing; True when this call created it."""
-    try:
-        # "0": jobs enqueued before the first worker ever started still run.
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-        return False
-    return True
 
 
 class _Running:

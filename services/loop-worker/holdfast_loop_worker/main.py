@@ -67,12 +67,16 @@ async def _expire_questions_forever(
 
 
 async def _sweep_stale_forever(
-    sessions: async_sessionmaker[AsyncSession], redis: Redis, keys: Keys, lease_seconds: int
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    keys: Keys,
+    lock: TurnLock,
+    lease_seconds: int,
 ) -> None:
     while True:
         await asyncio.sleep(lease_seconds)
         try:
-            await requeue_stale(sessions, redis, keys, lease_seconds)
+            await requeue_stale(sessions, redis, keys, lock, lease_seconds)
         except Exception:
             log.warning("stale-turn sweep failed; retrying", exc_info=True)
 
@@ -147,7 +151,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     background = [
         asyncio.create_task(_advertise_forever(redis, keys, providers.names)),
         asyncio.create_task(_expire_questions_forever(human, redis, keys)),
-        asyncio.create_task(_sweep_stale_forever(sessions, redis, keys, settings.lease_seconds)),
+        asyncio.create_task(
+            _sweep_stale_forever(sessions, redis, keys, ctx.lock, settings.lease_seconds)
+        ),
     ]
     log.info(
         "loop-worker %s ready; default model %s; providers: %s",

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from holdfast_shared.db.models import Task, Turn
+from holdfast_shared.db.models import EventRecord, Task, Turn
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
+from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
-from sqlalchemy import or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,11 @@ async def requeue_unfinished(
 
 
 async def requeue_stale(
-    sessions: async_sessionmaker[AsyncSession], redis: Redis, keys: Keys, lease_seconds: int
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    keys: Keys,
+    lock: TurnLock,
+    lease_seconds: int,
 ) -> int:
     """Queue unfinished turns that nobody has held for a while.
 
@@ -61,10 +66,31 @@ async def requeue_stale(
     second of writes, or all of them). The lease is set to now as a
     reservation, so the sweep does not queue the same turn every pass; a
     duplicate job is harmless (the second claim fails, or finds it over).
+
+    A queued turn whose ``started`` event was never logged was never
+    accepted: its gateway failed (or died) mid-request and the client was
+    told so. It is removed, not run, so the client's retry is the only run.
     """
     now = datetime.now(UTC)
     stale = now - timedelta(seconds=2 * lease_seconds)
+    announced = (
+        select(EventRecord.seq)
+        .where(EventRecord.task_id == Turn.task_id, EventRecord.turn_id == Turn.id)
+        .exists()
+    )
     async with sessions.begin() as session:
+        abandoned = (
+            await session.execute(
+                delete(Turn)
+                .where(
+                    Turn.status == "queued",
+                    Turn.lease_until.is_(None),
+                    Turn.created_at < stale,
+                    ~announced,
+                )
+                .returning(Turn.task_id, Turn.id)
+            )
+        ).all()
         rows = (
             await session.execute(
                 update(Turn)
@@ -90,6 +116,10 @@ async def requeue_stale(
             if rows
             else {}
         )
+    for task_id, turn_id in abandoned:
+        await lock.release(task_id, turn_id)
+    if abandoned:
+        log.warning("removed %d turn(s) that were never accepted", len(abandoned))
     for task_id, turn_id in rows:
         await queue_resume(redis, keys, tenants[task_id], task_id, turn_id)
     if rows:

@@ -16,6 +16,7 @@ import logging
 
 from holdfast_shared.jobs import ToolCallJob, WorkspaceRemoval
 from holdfast_shared.keys import TOOLS_GROUP, Keys
+from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -30,16 +31,6 @@ log = logging.getLogger(__name__)
 BLOCK_MS = 1000
 
 Entry = tuple[str, dict[str, str]]
-
-
-async def ensure_group(redis: Redis, keys: Keys) -> None:
-    """Create the consumer group (and the stream) unless they exist."""
-    try:
-        # "0": calls appended before any runner started are still seen.
-        await redis.xgroup_create(keys.tools, TOOLS_GROUP, id="0", mkstream=True)
-    except ResponseError as error:
-        if "BUSYGROUP" not in str(error):
-            raise
 
 
 class ToolConsumer:
@@ -64,7 +55,7 @@ class ToolConsumer:
         self._running: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await ensure_group(self.redis, self.keys)
+        await ensure_group(self.redis, self.keys.tools, TOOLS_GROUP)
         reaper = asyncio.create_task(self._reap_requests(), name="reap-requests")
         try:
             while not stop.is_set():
@@ -88,7 +79,7 @@ class ToolConsumer:
             if "NOGROUP" not in str(exc):
                 raise
             log.warning("the tools group is gone (Redis lost its data?); recreating it")
-            await ensure_group(self.redis, self.keys)
+            await ensure_group(self.redis, self.keys.tools, TOOLS_GROUP)
         except (RedisConnectionError, RedisTimeoutError):
             log.warning("Redis unreachable; retrying", exc_info=True)
             await asyncio.sleep(0.5)

@@ -1,0 +1,36 @@
+"""Consumer groups on Redis streams, the same way for every service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger(__name__)
+
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> bool:
+    """Create the group (and the stream) unless they exist; True when this call created it.
+
+    The group starts at "0", so entries appended before any consumer started
+    are still read. While Redis is unreachable (starting, restarting) it
+    waits and tries again instead of failing the service.
+    """
+    delay = 0.2
+    while True:
+        try:
+            await redis.xgroup_create(stream, group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+            return False
+        except (RedisConnectionError, RedisTimeoutError):
+            log.warning("Redis unreachable while creating group %s; retrying", group)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        return True

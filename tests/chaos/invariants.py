@@ -1,0 +1,293 @@
+"""What must hold after a chaos run, checked against the final logs and PostgreSQL.
+
+:func:`check` returns the violations (``[kind] message``) and the figures it
+counted on the way. Nothing is skipped when the run went badly: a turn the
+client gave up on still has to have a clean log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from tests.chaos.client import Turn
+
+TERMINAL = ("completed", "errored")
+
+
+@dataclass
+class Findings:
+    violations: list[str] = field(default_factory=list)
+    resumed_turns: int = 0
+    resumed_events: int = 0
+    discard_ranges: int = 0
+    discard_ranges_with_started: int = 0
+    tool_ok: int = 0
+    tool_failed: int = 0
+    errored_turns: int = 0
+
+    def add(self, kind: str, message: str) -> None:
+        self.violations.append(f"[{kind}] {message}")
+
+
+def pg_url(database_url: str) -> str:
+    return make_url(database_url).set(drivername="postgresql").render_as_string(False)
+
+
+async def pg_rows(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(pg_url(database_url)) as conn:
+        cursor = await conn.execute(query, params)
+        return list(await cursor.fetchall())
+
+
+async def lease_owner(database_url: str, turn_id: str) -> str | None:
+    rows = await pg_rows(database_url, "SELECT lease_owner FROM turns WHERE id = %s", turn_id)
+    return rows[0][0] if rows else None
+
+
+def visible_text(events: list[dict[str, Any]]) -> str:
+    """A turn's text as a client shows it: its deltas minus the discarded ranges."""
+    dropped = discarded(events)
+    deltas = [e for e in events if e["type"] == "text_delta" and e["seq"] not in dropped]
+    return "".join(e["text"] for e in deltas)
+
+
+def discarded(events: list[dict[str, Any]]) -> set[int]:
+    """The seqs a client drops: every range a ``turn_resumed`` names."""
+    out: set[int] = set()
+    for e in events:
+        if e["type"] == "turn_resumed" and e.get("discard_from_seq") is not None:
+            out.update(range(e["discard_from_seq"], e["discard_to_seq"] + 1))
+    return out
+
+
+async def check(
+    tasks: dict[str, list[Turn]],
+    logs: dict[str, list[str]],
+    workspaces: Path,
+    database_url: str,
+) -> Findings:
+    found = Findings()
+    ids = list(tasks)
+    pg_events: dict[str, list[tuple[int, str]]] = {}
+    for task_id, seq, data in await pg_rows(
+        database_url,
+        "SELECT task_id, seq, data FROM events WHERE task_id = ANY(%s) ORDER BY task_id, seq",
+        ids,
+    ):
+        pg_events.setdefault(task_id, []).append((seq, data))
+    ok_tokens: set[str] = set()
+    for task_id, turns in tasks.items():
+        ok_tokens |= _check_log(found, task_id, turns, logs[task_id], pg_events.get(task_id, []))
+        _check_effects(found, task_id, turns, workspaces / task_id / "effects.log", ok_tokens)
+    await _check_database(found, tasks, database_url)
+    return found
+
+
+def _check_log(
+    found: Findings,
+    task_id: str,
+    turns: list[Turn],
+    raw: list[str],
+    archived: list[tuple[int, str]],
+) -> set[str]:
+    """The task's log, and each of its turns in it; returns the tokens whose tool ran."""
+    events = [json.loads(r) for r in raw]
+    seqs = [e["seq"] for e in events]
+    if seqs != list(range(1, len(seqs) + 1)):
+        found.add("log", f"{task_id}: seqs are not 1..{len(seqs)}")
+    if any(b["timestamp"] <= a["timestamp"] for a, b in itertools.pairwise(events)):
+        found.add("log", f"{task_id}: timestamps do not strictly increase")
+    if archived != list(zip(seqs, raw, strict=True)):
+        found.add("archive", f"{task_id}: the PostgreSQL copy differs from the log")
+    by_seq = dict(zip(seqs, raw, strict=True))
+    known = {t.turn_id for t in turns if t.turn_id}
+    unknown = Counter(e["turn_id"] for e in events if e["turn_id"] and e["turn_id"] not in known)
+    for turn_id, count in unknown.items():
+        # A turn no client message of this run was answered with: a message run twice?
+        found.add("log", f"{task_id}: {count} events of turn {turn_id}, which no client started")
+    ok_tokens: set[str] = set()
+    for turn in turns:
+        if turn.turn_id is not None:
+            mine = [e for e in events if e["turn_id"] == turn.turn_id]
+            if _check_turn(found, turn, mine, by_seq):
+                ok_tokens.add(turn.token)
+    return ok_tokens
+
+
+def _check_turn(
+    found: Findings, turn: Turn, mine: list[dict[str, Any]], by_seq: dict[int, str]
+) -> bool:
+    """One turn's events; True when its tool ran and its result was logged."""
+    name = f"{turn.turn_id} ({turn.task_id} #{turn.index})"
+    lifecycle = [e for e in mine if e["type"] == "thread_lifecycle"]
+    started = [e for e in lifecycle if e["phase"] == "started"]
+    ends = [e for e in lifecycle if e["phase"] in TERMINAL]
+    resumes = [e for e in mine if e["type"] == "turn_resumed"]
+    found.resumed_turns += bool(resumes)
+    found.resumed_events += len(resumes)
+    for e in resumes:
+        if e.get("discard_from_seq") is not None:
+            found.discard_ranges += 1
+            # (A range reaching back to the turn's own "started" event.)
+            found.discard_ranges_with_started += any(
+                e["discard_from_seq"] <= s["seq"] for s in started
+            )
+    if len(started) != 1 or len(ends) != 1:
+        found.add(
+            "terminal",
+            f"{name}: lifecycle events {[(e['seq'], e['phase']) for e in lifecycle]}",
+        )
+        if not started or not ends:
+            return False
+    first, last, phase = started[0]["seq"], ends[0]["seq"], ends[0]["phase"]
+    if phase == "errored":
+        found.errored_turns += 1
+        error = next((e for e in mine if e["type"] == "error"), {})
+        found.add("errored", f"{name}: {error.get('error')}: {error.get('message')}")
+    if turn.terminal_phase is not None:
+        # Everything the client received, over all its connections, is the log.
+        wanted = {s: by_seq[s] for s in range(first, last + 1)}
+        got = {s: d for s, d in turn.seen.items() if first <= s <= last}
+        if got != wanted:
+            missing = sorted(set(wanted) - set(got))
+            differ = [s for s in got if got[s] != wanted.get(s)]
+            found.add("client-view", f"{name}: missing {missing[:5]}, different {differ[:5]}")
+    if turn.agent is not None:  # its permission prompt: asked once, answered once ("yes")
+        asked = [e for e in mine if e["type"] == "hitl_request"]
+        answered = [e for e in mine if e["type"] == "hitl_resolved"]
+        if len(asked) != 1 or len(answered) != 1 or answered[0].get("answer") != "yes":
+            found.add("hitl", f"{name}: {len(asked)} prompts, answers {answered}")
+    results = [e for e in mine if e["type"] == "tool_result"]
+    if len(results) != int(turn.tool):
+        found.add("tools", f"{name}: {len(results)} tool results")
+    ran = False
+    for r in results:
+        if r.get("error") is None and (r.get("output") or {}).get("exit_code") == 0:
+            found.tool_ok += 1
+            ran = True
+        else:
+            found.tool_failed += 1
+    if phase == "completed":
+        _check_text(found, name, turn, mine, results, resumes)
+    return ran
+
+
+def _check_text(
+    found: Findings,
+    name: str,
+    turn: Turn,
+    mine: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    resumes: list[dict[str, Any]],
+) -> None:
+    """The text a client shows (discarded ranges dropped) is the script's, once."""
+    text = visible_text(mine)
+    rest = text.removeprefix(turn.text)
+    ok = rest != text or not turn.text
+    if ok and turn.tool:
+        # The model answers a tool result with "Tool results: <json>"; the JSON
+        # went through PostgreSQL (JSONB), so its keys may come in another order.
+        summary = [{k: r[k] for k in ("output", "error") if r.get(k) is not None} for r in results]
+        prefix = "Tool results: "
+        try:
+            ok = rest.startswith(prefix) and json.loads(rest[len(prefix) :]) == summary
+        except json.JSONDecodeError:
+            ok = False
+    elif ok:
+        ok = rest == ""
+    if not ok:
+        ranges = [(e["seq"], e.get("discard_from_seq"), e.get("discard_to_seq")) for e in resumes]
+        found.add(
+            "text",
+            f"{name}: visible text ({len(text)} chars) is not the script's "
+            f"({len(turn.text)} + tool answer); turn_resumed (seq, from, to): {ranges}",
+        )
+
+
+def _check_effects(
+    found: Findings, task_id: str, turns: list[Turn], effects: Path, ok_tokens: set[str]
+) -> None:
+    """Each tool call's side effect at most once; exactly once when its result was logged."""
+    lines = Counter(effects.read_text().split()) if effects.exists() else Counter()
+    tokens = {t.token for t in turns if t.tool}
+    for token, count in lines.items():
+        if token not in tokens:
+            found.add("effects", f"{task_id}: unexpected line {token!r}")
+        elif count > 1:
+            found.add("effects", f"{task_id}: {token} ran {count} times")
+    for token in tokens & ok_tokens:
+        if lines[token] != 1:
+            found.add("effects", f"{task_id}: {token} has a result but ran {lines[token]} times")
+
+
+async def _check_database(found: Findings, tasks: dict[str, list[Turn]], database_url: str) -> None:
+    """Every accepted message stored once; turn rows agree with the logs; no open prompt."""
+    ids = list(tasks)
+    started = {t.turn_id: t for turns in tasks.values() for t in turns if t.turn_id}
+    user_rows = await pg_rows(
+        database_url,
+        "SELECT turn_id, content FROM messages "
+        "WHERE task_id = ANY(%s) AND role = 'user' AND position = 0",
+        ids,
+    )
+    texts: dict[str, list[str]] = {}
+    for turn_id, content in user_rows:
+        texts.setdefault(turn_id, []).append(content["blocks"][0]["text"])
+    for turn_id, turn in started.items():
+        if texts.get(turn_id) != [turn.message]:
+            found.add("messages", f"{turn_id}: stored user messages {len(texts.get(turn_id, []))}")
+    for turn_id, task_id, status in await pg_rows(
+        database_url, "SELECT id, task_id, status FROM turns WHERE task_id = ANY(%s)", ids
+    ):
+        turn = started.get(turn_id)
+        if turn is None:
+            found.add("messages", f"{task_id}: turn {turn_id} ({status}) accepted, never started")
+        elif turn.outcome in TERMINAL and status != turn.outcome:
+            found.add("turns", f"{turn_id}: status {status!r}, its log says {turn.outcome!r}")
+    for (request_id,) in await pg_rows(
+        database_url,
+        "SELECT request_id FROM hitl_requests WHERE task_id = ANY(%s) AND status = 'pending'",
+        ids,
+    ):
+        found.add("hitl", f"{request_id} is still pending")
+
+
+async def dump(
+    directory: Path, logs: dict[str, list[str]], ids: list[str], database_url: str
+) -> None:
+    """Leave the evidence next to the process logs: every log, turn row and snapshot."""
+    turns = await pg_rows(
+        database_url,
+        "SELECT id, task_id, status, lease_owner, created_at, finished_at FROM turns "
+        "WHERE task_id = ANY(%s) ORDER BY created_at",
+        ids,
+    )
+    snapshots = await pg_rows(
+        database_url,
+        "SELECT turn_id, reason, created_at, state::text FROM channel_state_snapshots "
+        "WHERE task_id = ANY(%s) ORDER BY id",
+        ids,
+    )
+    await asyncio.to_thread(_write_evidence, directory, logs, turns, snapshots)
+
+
+def _write_evidence(
+    directory: Path,
+    logs: dict[str, list[str]],
+    turns: list[tuple[Any, ...]],
+    snapshots: list[tuple[Any, ...]],
+) -> None:
+    directory.mkdir(exist_ok=True)
+    for task_id, raw in logs.items():
+        (directory / f"{task_id}.jsonl").write_text("".join(r + "\n" for r in raw))
+    for name, rows in (("turns.tsv", turns), ("snapshots.tsv", snapshots)):
+        (directory / name).write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))

@@ -1,0 +1,263 @@
+"""Chaos: ~200 turns through real processes while loop-workers, tool-runners, gateways and
+Redis are SIGKILLed under them; then every guarantee checked against the final logs.
+
+What runs: its own Redis (AOF, ``appendfsync always``: killed with SIGKILL and
+restarted on the same port and directory), the session's PostgreSQL database,
+2 gateways, 3 loop-workers and 2 tool-runners with a 2 s lease. 200 scripted
+turns over 40 tasks (a task's turns in order, 20 tasks at a time); each
+streams text deltas with a delay, so kills land mid-stream, and about half
+call ``bash``, whose command appends the turn's unique token to the task
+workspace's ``effects.log``. Clients (``client.py``) hang up at random,
+reconnect with a seq cursor (``after_seq`` or ``Last-Event-ID``) to either
+gateway, and now and then give up on a POST before its response. The first
+turn of 4 tasks asks permission (agent ``asker``); once every prompt is out
+the driver (``driver.py``) SIGKILLs every process and Redis and starts them
+again, and only then are the prompts answered.
+
+The invariants (``invariants.py``) and the figures of the last run are in
+docs/reliability.md. Run with ``-s`` to see the figures; on failure the logs,
+turn rows and snapshots are left next to the process logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from redis.asyncio import Redis
+
+from tests.chaos.client import TaskClient, Turn
+from tests.chaos.cluster import ASKER, ChaosCluster, chaos_env, running_cluster
+from tests.chaos.driver import Driver, Schedule
+from tests.chaos.invariants import check, dump
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TASKS = 40
+TURNS_PER_TASK = 5
+HITL_TASKS = 4  # their first turn asks permission, answered after a full restart
+CONCURRENCY = 20
+COUNTS = {"gateway": 2, "worker": 3, "runner": 2}
+
+RUN_SECONDS = 180.0  # clients start no turn after this
+TURN_SECONDS = 90.0  # a turn not over by then is "stuck"
+HANGUP_CHANCE = 0.3  # per connection: hang up after 1-25 events
+LOST_RESPONSE_CHANCE = 0.08  # per POST: give up on it before its response
+SCHEDULE = Schedule(
+    seconds=RUN_SECONDS + TURN_SECONDS,
+    worker_every=(2.5, 4.5),
+    runner_every=(10.0, 16.0),
+    gateway_every=(8.0, 14.0),
+    redis_crashes_at=(12.0, 60.0),
+    full_restart_window=(25.0, 60.0),
+    redis_outage=(0.5, 2.0),
+    counts=COUNTS,
+)
+
+
+def plan(run: str, rng: random.Random) -> dict[str, list[Turn]]:
+    tasks: dict[str, list[Turn]] = {}
+    for t in range(TASKS):
+        task_id = f"chaos-{run}-{t:02d}"
+        turns = []
+        for i in range(TURNS_PER_TASK):
+            token = f"K{run}x{t:02d}x{i}"
+            hitl = t < HITL_TASKS and i == 0
+            tool = hitl or rng.random() < 0.5
+            text, deltas = f"{token} ", rng.randint(30, 70)
+            script: dict[str, Any] = {"text": text, "deltas": deltas}
+            script["delay_ms"] = rng.randint(40, 80)
+            if tool:
+                # ~150 words of output: the model's answer to it streams as
+                # many deltas, so kills land in that model call too.
+                command = f"echo {token} >> effects.log; sleep 0.2; echo done $(seq 1 150)"
+                script["tool_calls"] = [{"name": "bash", "input": {"command": command}}]
+            turns.append(
+                Turn(
+                    task_id=task_id,
+                    index=i,
+                    token=token,
+                    message="/script " + json.dumps(script),
+                    text=text * deltas,
+                    tool=tool,
+                    agent=ASKER if hitl else None,
+                )
+            )
+        tasks[task_id] = turns
+    return tasks
+
+
+@pytest.fixture
+async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ChaosCluster]:
+    env = chaos_env(database_url, tmp_path / "workspaces")
+    async with running_cluster(tmp_path, env, **{f"{k}s": n for k, n in COUNTS.items()}) as c:
+        yield c
+
+
+async def read_log(http: httpx.AsyncClient, url: str, key: str, task_id: str) -> list[str]:
+    """The task's whole log as raw JSON, through a gateway (replay from 0).
+
+    A turn still running is followed for 20 s at most: then what came is kept.
+    """
+    out: list[str] = []
+    with contextlib.suppress(TimeoutError):
+        async with (
+            asyncio.timeout(20),
+            aconnect_sse(
+                http,
+                "GET",
+                f"{url}/execute/replay",
+                params={"task_id": task_id, "after": 0},
+                headers={"X-Engine-Key": key},
+            ) as source,
+        ):
+            if source.response.status_code != 200:
+                return out
+            async for sse in source.aiter_sse():
+                if sse.event != "heartbeat":
+                    out.append(sse.data)
+    return out
+
+
+async def final_logs(
+    http: httpx.AsyncClient, cluster: ChaosCluster, key: str, ids: list[str]
+) -> dict[str, list[str]]:
+    """Every task's log once the archiver caught up (bounded retries per task)."""
+    redis = Redis.from_url(cluster.redis.url)
+    try:
+        for _ in range(200):
+            if not await redis.zcard(f"{cluster.env['HOLDFAST_REDIS_PREFIX']}archive:dirty"):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await redis.aclose()
+    logs: dict[str, list[str]] = {}
+    for task_id in ids:
+        logs[task_id] = []
+        for _ in range(5):
+            try:
+                logs[task_id] = await read_log(http, cluster.pick_gateway() or "", key, task_id)
+                break
+            except httpx.HTTPError:
+                await asyncio.sleep(0.5)
+    return logs
+
+
+async def test_chaos(cluster: ChaosCluster, api_keys: dict[str, str], database_url: str) -> None:
+    began = time.monotonic()
+    seed = int(os.environ.get("HOLDFAST_CHAOS_SEED") or secrets.randbits(32))
+    rng = random.Random(seed)
+    random.seed(seed)  # the clients' hang-ups and the cluster's choice of victims
+    key = api_keys["main"]
+    tasks = plan(secrets.token_hex(3), rng)
+    turns = [t for ts in tasks.values() for t in ts]
+    driver = Driver(cluster, SCHEDULE, [t for t in turns if t.agent == ASKER], seed)
+
+    timeout = httpx.Timeout(connect=3, read=10, write=5, pool=30)
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+        t0 = time.monotonic()
+        clients = [
+            TaskClient(
+                http,
+                cluster,
+                key,
+                task_id,
+                task_turns,
+                turn_deadline=TURN_SECONDS,
+                run_deadline=t0 + RUN_SECONDS,
+                hangup_chance=HANGUP_CHANCE,
+                lost_response_chance=LOST_RESPONSE_CHANCE,
+                hitl_gate=driver.hitl_gate,
+                on_hitl=driver.on_hitl,
+            )
+            for task_id, task_turns in tasks.items()
+        ]
+        slots = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(client: TaskClient) -> None:
+            async with slots:
+                await client.run()
+
+        done = asyncio.Event()
+        driving = asyncio.create_task(driver.run(done, t0))
+        try:
+            await asyncio.gather(*(one(c) for c in clients))  # the HITL tasks go first
+        finally:
+            done.set()
+            await driving
+        load_seconds = time.monotonic() - t0
+        await driver.supervise()  # every process up again to read the logs
+        await cluster.until_ready()
+        logs = await final_logs(http, cluster, key, list(tasks))
+
+    workspaces = Path(cluster.env["HOLDFAST_WORKSPACE_ROOT"])
+    found = await check(tasks, logs, workspaces, database_url)
+    for client in clients:
+        for message in client.lookup_violations:
+            found.add("stream", message)
+    for turn in turns:
+        for message in turn.violations:
+            found.add("client", message)
+
+    outcomes = Counter(t.outcome for t in turns)
+    if outcomes["skipped"] > len(turns) // 10:
+        # Turns not sent because the run's time was up: the engine was too slow to matter.
+        found.add("progress", f"{outcomes['skipped']} of {len(turns)} turns were never sent")
+    figures = {
+        "seed (HOLDFAST_CHAOS_SEED)": seed,
+        "tasks / turns": f"{len(tasks)} / {len(turns)}",
+        "turns completed / errored": f"{outcomes['completed']} / {found.errored_turns}",
+        "turns stuck / not started / skipped": (
+            f"{outcomes['stuck']} / {outcomes['not_started']} / {outcomes['skipped']}"
+        ),
+        "events in the logs": sum(len(v) for v in logs.values()),
+        "SIGKILL loop-worker / tool-runner / gateway": (
+            f"{cluster.kills['worker']} / {cluster.kills['runner']} / {cluster.kills['gateway']}"
+        ),
+        "Redis crashes (kill -9, AOF restart)": driver.redis_crashes,
+        "full restarts (all processes + Redis)": driver.full_restarts,
+        "HITL prompts answered after the full restart": driver.hitl_across_restart,
+        "processes that exited on their own": len(cluster.crashes),
+        "client hang-ups / broken or refused": (
+            f"{sum(t.hangups for t in turns)} / {sum(t.broken for t in turns)}"
+        ),
+        "POSTs / responses given up / turns found in log": (
+            f"{sum(t.posts for t in turns)} / {sum(t.lost_responses for t in turns)}"
+            f" / {sum(t.adopted for t in turns)}"
+        ),
+        "turns resumed / turn_resumed events": f"{found.resumed_turns} / {found.resumed_events}",
+        "discard ranges / reaching back to started": (
+            f"{found.discard_ranges} / {found.discard_ranges_with_started}"
+        ),
+        "tool calls ok / failed or interrupted": f"{found.tool_ok} / {found.tool_failed}",
+        "load / total seconds": f"{load_seconds:.0f} / {time.monotonic() - began:.0f}",
+        "violations": len(found.violations),
+    }
+    print("\n== chaos figures ==")
+    for name, value in figures.items():
+        print(f"  {name:<48} {value}")
+    print(f"  connection failures: {dict(sum((c.errors for c in clients), Counter()))}")
+    print("  timeline:")
+    for line in driver.timeline:
+        print(f"    {line}")
+    for line in driver.errors + cluster.errors + cluster.crashes:
+        print(f"  note: {line}")
+    for line in found.violations:
+        print(f"  VIOLATION {line}")
+    if found.violations:
+        await dump(cluster.log_dir / "final", logs, list(tasks), database_url)
+        print(f"  evidence: {cluster.log_dir / 'final'}")
+    assert not found.violations, f"{len(found.violations)} violation(s): {found.violations[:5]}"

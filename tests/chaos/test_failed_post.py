@@ -1,0 +1,92 @@
+"""A POST that failed after its message was committed must not run later.
+
+Found by the chaos run: Redis crashed while a gateway was in ``start_turn``,
+after the turn row and the user message were committed to PostgreSQL and
+before the ``started`` event was logged. The client got a 503, saw no
+``started`` in the task's log and sent the message again, as the protocol
+says; a few seconds later the stale-turn sweep queued the half-written turn
+as well, so the one message ran twice (and so did its tool call), and the
+first of the two turns has no ``started`` event.
+
+Here the append is made to fail deterministically: the task's event stream
+key holds a string, so the append script's XREVRANGE gets WRONGTYPE, exactly
+where the Redis crash hit (after the commit, before the ``started`` event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from redis.asyncio import Redis
+
+from tests.chaos.cluster import ChaosCluster, chaos_env, running_cluster
+from tests.chaos.invariants import pg_rows
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ChaosCluster]:
+    env = chaos_env(database_url, tmp_path / "workspaces")
+    async with running_cluster(tmp_path, env, gateways=1, workers=1, runners=1) as c:
+        yield c
+
+
+async def test_a_failed_post_is_not_run_later(
+    cluster: ChaosCluster, api_keys: dict[str, str], database_url: str
+) -> None:
+    key = api_keys["main"]
+    url = cluster.gateway_urls()[0]
+    task_id = f"failed-post-{time.time_ns()}"
+    command = "echo ran >> effects.log"
+    message = "/script " + json.dumps(
+        {"text": "x", "tool_calls": [{"name": "bash", "input": {"command": command}}]}
+    )
+    body = {"message": message, "task_id": task_id}
+    headers = {"X-Engine-Key": key}
+    redis = Redis.from_url(cluster.redis.url)
+    events_key = f"{cluster.env['HOLDFAST_REDIS_PREFIX']}task:{{{task_id}}}:events"
+    async with httpx.AsyncClient(timeout=30) as http:
+        await redis.set(events_key, "not a stream")
+        try:
+            # Its own connection: the gateway may drop it after the error.
+            async with httpx.AsyncClient(timeout=30) as once:
+                failed = await once.post(f"{url}/execute", json=body, headers=headers)
+            assert failed.status_code >= 500, failed.text
+        except httpx.HTTPError:
+            pass  # the connection dropped without a response: also a failed POST
+        await redis.delete(events_key)
+        await redis.aclose()
+
+        # The client's protocol: no "started" in the log means not accepted: send again.
+        log = await http.get(f"{url}/execute/replay", params={"task_id": task_id}, headers=headers)
+        assert log.status_code in (200, 404)
+        assert "thread_lifecycle" not in log.text
+        for _ in range(100):
+            async with aconnect_sse(
+                http, "POST", f"{url}/execute", json=body, headers=headers
+            ) as s:
+                if s.response.status_code == 409:
+                    await asyncio.sleep(0.3)
+                    continue
+                assert s.response.status_code == 200
+                async for _ in s.aiter_sse():
+                    pass  # to the turn's end
+                break
+        await asyncio.sleep(10)  # > 2 leases + a sweep: whatever would be re-queued has run
+
+    turns = await pg_rows(database_url, "SELECT id, status FROM turns WHERE task_id = %s", task_id)
+    events = await pg_rows(
+        database_url, "SELECT DISTINCT turn_id FROM events WHERE task_id = %s", task_id
+    )
+    effects = Path(cluster.env["HOLDFAST_WORKSPACE_ROOT"]) / task_id / "effects.log"
+    ran = (await asyncio.to_thread(effects.read_text)).count("ran")
+    assert ran == 1, f"the message's tool ran {ran} times; turns {turns}, logged {events}"
+    assert len(events) == 1, f"turns with events: {events} (turn rows: {turns})"
