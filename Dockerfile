@@ -33,7 +33,9 @@ RUN --mount=type=cache,target=/root/.cache/uv \
 
 ENV PATH="/app/.venv/bin:$PATH"
 
-RUN useradd --system --create-home --uid 10001 holdfast
+RUN useradd --system --create-home --uid 10001 holdfast \
+    # The workspaces volume takes this directory's owner and mode when created.
+    && install -d -m 0700 -o holdfast -g holdfast /home/holdfast/.holdfast /home/holdfast/.holdfast/workspaces
 USER holdfast
 
 ENTRYPOINT ["holdfast"]
