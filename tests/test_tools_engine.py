@@ -271,12 +271,18 @@ async def test_the_model_asks_the_user_and_the_answer_is_the_result(
         turn = asyncio.create_task(
             execute(client, engine.url, key, {"message": message, "task_id": task_id})
         )
-        asked = await answer_when_asked(client, engine.url, key, task_id, {"answer": "teal"})
+        attached = [{"type": "text", "text": "swatch #008080"}]
+        asked = await answer_when_asked(
+            client, engine.url, key, task_id, {"answer": "teal", "content_blocks": attached}
+        )
         got = await turn
     assert asked["kind"] == "question" and asked["question"] == "Which colour?"
     request = by_type(got, "hitl_request")[0]
     assert request["kind"] == "question" and "tool_call" not in request
     assert by_type(got, "hitl_resolved")[0]["answer"] == "teal"
-    assert by_type(got, "tool_result")[0]["output"] == {"answer": "teal"}
+    assert by_type(got, "tool_result")[0]["output"] == {
+        "answer": "teal",
+        "content_blocks": attached,
+    }
     assert "teal" in got.text
     assert got.events[-1]["phase"] == "completed"

@@ -94,7 +94,8 @@ class HumanChannel:
                     .values(status="expired")
                 )
             return question, Answer("expired")
-        return question, Answer(row.status, row.answer, row.feedback)
+        blocks = (row.answer_content or {}).get("blocks")
+        return question, Answer(row.status, row.answer, row.feedback, blocks)
 
     async def expire_overdue(self, limit: int = 100) -> list[tuple[str, str, str]]:
         """Mark pending requests past their TTL expired; their (tenant, task, turn)."""

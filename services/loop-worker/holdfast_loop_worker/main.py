@@ -1,7 +1,7 @@
 """loop-worker entry point.
 
 Consumes: turn jobs (``Keys.turns``, group ``loop-workers``); replies to its
-turns on its inbox (tool results, HITL answers).
+turns on its inbox (tool results); resume jobs for answered questions.
 Produces: the turn's events in the task's event log; tool calls on
 ``Keys.tools``; assistant messages, tool results and turn status in
 PostgreSQL; the archived copy of every event log (each worker also runs an

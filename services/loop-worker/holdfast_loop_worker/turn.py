@@ -438,6 +438,8 @@ class TurnRunner:
         output: dict[str, Any] = {"answer": answer.answer}
         if answer.feedback:
             output["feedback"] = answer.feedback
+        if answer.content_blocks:
+            output["content_blocks"] = answer.content_blocks
         return ToolOutcome(output=output)
 
     async def _ask(

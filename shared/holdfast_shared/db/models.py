@@ -187,6 +187,8 @@ class HitlRequestRecord(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending")
     answer: Mapped[str | None] = mapped_column(Text)
     feedback: Mapped[str | None] = mapped_column(Text)
+    # {"blocks": [...]}: content the user attached to the answer (images, files).
+    answer_content: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     answered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

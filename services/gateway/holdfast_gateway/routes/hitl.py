@@ -96,7 +96,15 @@ async def respond(
                 HitlRequestRecord.request_id == row.request_id,
                 HitlRequestRecord.status == "pending",
             )
-            .values(status="answered", answer=body.answer, feedback=body.feedback, answered_at=now)
+            .values(
+                status="answered",
+                answer=body.answer,
+                feedback=body.feedback,
+                answer_content=(
+                    {"blocks": body.content_blocks} if body.content_blocks is not None else None
+                ),
+                answered_at=now,
+            )
             .returning(HitlRequestRecord.request_id)
         )
     if answered is None:
