@@ -111,7 +111,9 @@ def _install() -> None:
     _patch(execute_route, "start_turn", start_turn)
     _patch(KeyAuthenticator, "tenant", lambda fn: _timed_async("auth (key cache)", fn))
     _patch(
-        turns, "_get_or_create_task", lambda fn: _timed_async("txn 1: task upsert (PostgreSQL)", fn)
+        turns,
+        "_get_or_create_task",
+        lambda fn: _timed_async("task upsert, in the transaction (PostgreSQL)", fn),
     )
     _patch(TurnLock, "acquire", lambda fn: _timed_async("turn lock SET NX (Redis)", fn))
     _patch(
@@ -180,9 +182,9 @@ STAGE_ORDER = (
     "arrival → handler (HTTP parse, body, validation, dependencies)",
     "sync dependency in threadpool",
     "auth (key cache)",
-    "txn 1: task upsert (PostgreSQL)",
+    "task upsert, in the transaction (PostgreSQL)",
     "turn lock SET NX (Redis)",
-    "txn 2: turn + message rows (PostgreSQL), ids, job",
+    "rest of the transaction: checkout, turn + message INSERTs, COMMIT",
     "append 'started' (Redis script)",
     "XADD turn job (Redis)",
     "pool pre-ping SELECT 1 (PostgreSQL)",
@@ -200,7 +202,7 @@ def derive(rec: dict[str, float], client_ms: float) -> dict[str, float]:
     inside = sum(
         ms.get(k, 0.0)
         for k in (
-            "txn 1: task upsert (PostgreSQL)",
+            "task upsert, in the transaction (PostgreSQL)",
             "turn lock SET NX (Redis)",
             "append 'started' (Redis script)",
             "XADD turn job (Redis)",
@@ -209,7 +211,7 @@ def derive(rec: dict[str, float], client_ms: float) -> dict[str, float]:
     server = (rec["first_body"] - rec["arrived"]) * 1000
     out = dict(ms)
     out["arrival → handler (HTTP parse, body, validation, dependencies)"] = pre_handler
-    out["txn 2: turn + message rows (PostgreSQL), ids, job"] = handler - inside
+    out["rest of the transaction: checkout, turn + message INSERTs, COMMIT"] = handler - inside
     out["handler → first body byte (response object, SSE task group)"] = (
         rec["first_body"] - rec["handler_end"]
     ) * 1000

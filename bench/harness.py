@@ -28,6 +28,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432"
 
 
@@ -76,6 +77,9 @@ class Engine:
     gateway: subprocess.Popen[bytes] | None = None
     gateway_url: str = ""
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Tool-runners and helper processes (the fake provider server), stopped with the rest.
+    runners: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    helpers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hfbench-")))
     _db_created: bool = False
     _worker_seq: int = 0
@@ -155,15 +159,26 @@ class Engine:
         return env
 
     def _spawn(
-        self, module: str, env: dict[str, str], log_name: str, code: str | None = None
+        self,
+        module: str,
+        env: dict[str, str],
+        log_name: str,
+        code: str | None = None,
+        stdout: int | None = None,
     ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / log_name, "ab")  # the child keeps it open
+        if code is not None:
+            # Bench code run inside an engine process (bench.instrument, the fake
+            # provider) is imported from the repository root.
+            path = os.pathsep.join(filter(None, (REPO_ROOT, env.get("PYTHONPATH"))))
+            env = {**env, "PYTHONPATH": path}
         return subprocess.Popen(
             [sys.executable, "-c", code or f"from {module}.main import main; main()"],
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            stdout=log if stdout is None else stdout,
+            stderr=log if stdout is not None else subprocess.STDOUT,
+            cwd=REPO_ROOT,
         )
 
     def start_gateway(
@@ -189,23 +204,82 @@ class Engine:
         self.gateway, self.gateway_url = proc, url
         return url
 
-    def start_worker(self, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self,
+        concurrency: int | None = None,
+        extra_env: dict[str, str] | None = None,
+        code: str | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start a loop-worker (``code``: another entry point, e.g. an instrumented one)."""
         extra = {} if concurrency is None else {"HOLDFAST_WORKER_CONCURRENCY": str(concurrency)}
+        extra.update(extra_env or {})
         self._worker_seq += 1
         proc = self._spawn(
-            "holdfast_loop_worker", self.env(**extra), f"worker{self._worker_seq}.log"
+            "holdfast_loop_worker", self.env(**extra), f"worker{self._worker_seq}.log", code
         )
         self.workers.append(proc)
         return proc
 
-    def set_workers(self, count: int, concurrency: int) -> None:
+    def set_workers(
+        self,
+        count: int,
+        concurrency: int,
+        extra_env: dict[str, str] | None = None,
+        code: str | None = None,
+    ) -> None:
         """Replace the running loop-workers by ``count`` new ones and wait until
         each has joined the turns consumer group."""
         self.stop_workers()
-        procs = [self.start_worker(concurrency) for _ in range(count)]
-        asyncio.run(self._wait_consumers(procs))
+        procs = [self.start_worker(concurrency, extra_env, code) for _ in range(count)]
+        asyncio.run(self.wait_consumers(procs))
 
-    async def _wait_consumers(self, procs: list[subprocess.Popen[bytes]]) -> None:
+    def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL one loop-worker (a crash, as far as the engine can tell)."""
+        proc.kill()
+        proc.wait()
+        self.workers.remove(proc)
+
+    def start_tool_runner(
+        self, extra_env: dict[str, str] | None = None, code: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        proc = self._spawn(
+            "holdfast_tool_runner",
+            self.env(**(extra_env or {})),
+            f"tool-runner{len(self.runners) + 1}.log",
+            code,
+        )
+        self.runners.append(proc)
+        asyncio.run(self.wait_consumers([proc], what="tool-runner"))
+        return proc
+
+    def stop_tool_runners(self) -> None:
+        for proc in self.runners:
+            _terminate(proc, grace=10)
+        self.runners = []
+
+    def start_helper(
+        self, name: str, code: str, extra_env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """Start a bench helper process (``code``) that prints one line, e.g. its URL,
+        when it is ready; returns the process and that line."""
+        proc = self._spawn(
+            "", self.env(**(extra_env or {})), f"{name}.log", code, stdout=subprocess.PIPE
+        )
+        self.helpers[name] = proc
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode().strip()
+        if not line:
+            raise RuntimeError(f"{name} exited with {proc.wait()}; {self.log_tail()}")
+        return proc, line
+
+    def stop_helpers(self) -> None:
+        for proc in self.helpers.values():
+            _terminate(proc, grace=5)
+        self.helpers = {}
+
+    async def wait_consumers(
+        self, procs: list[subprocess.Popen[bytes]], what: str = "loop-workers"
+    ) -> None:
         """Wait until every worker sits in a blocking XREADGROUP (found by matching
         CLIENT LIST addresses to the worker's own sockets; a consumer shows in
         XINFO CONSUMERS only once it was handed a job)."""
@@ -235,7 +309,7 @@ class Engine:
                 if ready == len(procs):
                     return
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"loop-workers did not start in 60 s; {self.log_tail()}")
+                    raise RuntimeError(f"{what} did not start in 60 s; {self.log_tail()}")
                 await asyncio.sleep(0.1)
         finally:
             await client.aclose()
@@ -249,7 +323,7 @@ class Engine:
         self.workers = []
 
     def check_alive(self) -> None:
-        for proc in [self.gateway, *self.workers]:
+        for proc in [self.gateway, *self.workers, *self.runners, *self.helpers.values()]:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(
                     f"engine process {proc.pid} exited with {proc.returncode}; {self.log_tail()}"
@@ -269,11 +343,17 @@ class Engine:
         if self.gateway is not None:
             _terminate(self.gateway, grace=10)
         self.stop_workers()
+        self.stop_tool_runners()
+        self.stop_helpers()
 
     def pids(self) -> dict[str, int]:
         out = {"gateway": self.gateway.pid} if self.gateway else {}
         for i, proc in enumerate(self.workers):
             out[f"worker{i + 1}" if len(self.workers) > 1 else "worker"] = proc.pid
+        for i, proc in enumerate(self.runners):
+            out[f"runner{i + 1}" if len(self.runners) > 1 else "runner"] = proc.pid
+        for name, proc in self.helpers.items():
+            out[name] = proc.pid
         return out
 
 

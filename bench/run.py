@@ -8,13 +8,18 @@ Rows: a raw redis-py XADD→XREAD baseline (1 and 100 streams); end-to-end
 1 and 2 loop-workers) with its ratio to the baseline; the client parser's own
 speed on a recorded stream (proof the client is not the bottleneck);
 POST→``started`` latency; RSS per idle SSE connection and heartbeat
-punctuality. See docs/performance.md.
+punctuality; a real provider SDK against a zero-latency wire-protocol server
+(added first-delta latency, deltas/s); sandboxed tool execs and the tool
+round trip; worker-kill takeover and snapshot cost. See docs/performance.md.
+
+    uv run python -m bench.run --only providers,tools   # a subset of the phases
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import platform
@@ -31,11 +36,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import harness, raw, scenarios
+from bench import harness, providers, raw, recovery, scenarios, tools
+from bench.instrument import ENV as SPANS_ENV
+from bench.instrument import RUNNER_CODE, WORKER_CODE, Spans
 
 T = TypeVar("T")
 
-PHASES = ("raw", "e2e", "latency", "idle")
+# Table order. The idle phase runs last whatever the order: it leaves 1,000
+# endless turns on its worker.
+PHASES = ("raw", "e2e", "latency", "idle", "providers", "tools", "recovery")
+RUN_ORDER = ("latency", "e2e", "providers", "tools", "recovery", "idle")
+ENGINE_PHASES = frozenset(PHASES) - {"raw"}
 
 TARGET_RATIO = 0.3
 TARGET_P50_MS = 10.0
@@ -44,6 +55,18 @@ TARGET_KB = 50.0
 # The client parser must be at least this many times faster than the fastest
 # engine row for the client not to matter.
 CLIENT_HEADROOM = 10.0
+TARGET_PROVIDER_ADDED_MS = 5.0
+TARGET_SANDBOX_OVERHEAD_MS = 15.0
+TARGET_TOOL_ROUND_TRIP_MS = 25.0
+TARGET_TAKEOVER_P99_S = 15.0
+TARGET_SNAPSHOT_MS = 5.0
+# Worker concurrency of the providers, tools and recovery rows (small: their
+# turns are few at a time, and PostgreSQL has 100 connections), but at least
+# --recovery-turns: one surviving worker must be able to take over every turn
+# of the killed ones at once, or a takeover also waits for a free slot.
+SMALL_CONCURRENCY = 16
+RECOVERY_WORKERS = 3
+DEFAULT_LEASE_SECONDS = 10  # HOLDFAST_LEASE_SECONDS's default, left unset by the bench
 
 
 @dataclass
@@ -57,6 +80,17 @@ class Sizes:
     idle_connections: int
     idle_tasks: int
     idle_hold: float
+    provider_turns: int
+    provider_deltas: int
+    sandbox_runs: int
+    exec_seconds: float
+    exec_concurrency: int
+    tool_turns: int
+    snapshot_saves: int
+    snapshot_turns: int
+    recovery_rounds: int
+    recovery_kills: int
+    recovery_turns: int
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,6 +133,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help="seconds the idle connections are held while heartbeats are timed [20; 6]",
     )
+    g.add_argument("--provider-turns", type=int, help="sequential provider turns timed [200; 50]")
+    g.add_argument(
+        "--provider-deltas", type=int, help="deltas of the provider throughput turn [20000; 5000]"
+    )
+    g.add_argument(
+        "--sandbox-runs", type=int, help="sandboxed/bare exec pairs, alternating [200; 50]"
+    )
+    g.add_argument(
+        "--exec-seconds", type=float, help="duration of the sandboxed execs/s run [5; 2]"
+    )
+    g.add_argument(
+        "--exec-concurrency",
+        type=int,
+        default=8,
+        help="concurrent sandboxed execs (the tool-runner's default HOLDFAST_TOOL_CONCURRENCY) [8]",
+    )
+    g.add_argument("--tool-turns", type=int, help="sequential bash tool turns timed [100; 30]")
+    g.add_argument(
+        "--snapshot-saves", type=int, help="Snapshots.save calls timed directly [500; 200]"
+    )
+    g.add_argument(
+        "--snapshot-turns",
+        type=int,
+        help="short turns run for the per-iteration snapshot cost in workers [100; 30]",
+    )
+    g.add_argument(
+        "--recovery-rounds",
+        type=int,
+        help="rounds of worker SIGKILLs, each ~13 s with the default lease [2; 1]",
+    )
+    g.add_argument(
+        "--recovery-kills",
+        type=int,
+        default=2,
+        help=f"workers SIGKILLed per round, of {RECOVERY_WORKERS} (at most "
+        f"{RECOVERY_WORKERS - 1}) [2]",
+    )
+    g.add_argument(
+        "--recovery-turns",
+        type=int,
+        help=f"slow turns running on the {RECOVERY_WORKERS} workers in each round [9; 6]",
+    )
     e = p.add_argument_group("engine")
     e.add_argument(
         "--heartbeat", type=float, default=2.0, help="HOLDFAST_HEARTBEAT_SECONDS of the gateway [2]"
@@ -124,6 +200,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     e.add_argument(
         "--phases",
+        "--only",
+        dest="phases",
         default=",".join(PHASES),
         help=f"comma-separated subset of {','.join(PHASES)} [all]",
     )
@@ -135,7 +213,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     e.add_argument(
         "--pause-before",
-        choices=("e2e", "latency", "idle"),
+        choices=RUN_ORDER,
         help="print the engine pids and wait for Enter before that phase (to attach a profiler)",
     )
     e.add_argument(
@@ -145,6 +223,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="SECONDS",
         help="before starting, wait up to SECONDS for the machine to be quiet (under 25%% "
         "of one core busy over 2 s), for shared machines [0: don't wait]",
+    )
+    e.add_argument(
+        "--sandbox-gap-ms",
+        type=float,
+        default=30.0,
+        help="idle time before each timed sandboxed call, as between tool calls (see "
+        "docs/performance.md: back-to-back cgroup moves are cheaper) [30]",
     )
     e.add_argument("--keep-logs", action="store_true", help="keep the engine's log directory")
     args = p.parse_args(argv)
@@ -163,6 +248,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         idle_connections=idle_connections,
         idle_tasks=pick(args.idle_tasks, idle_connections, idle_connections),
         idle_hold=pick(args.idle_hold, 20.0, 6.0),
+        provider_turns=pick(args.provider_turns, 200, 50),
+        provider_deltas=pick(args.provider_deltas, 20_000, 5_000),
+        sandbox_runs=pick(args.sandbox_runs, 200, 50),
+        exec_seconds=pick(args.exec_seconds, 5.0, 2.0),
+        exec_concurrency=args.exec_concurrency,
+        tool_turns=pick(args.tool_turns, 100, 30),
+        snapshot_saves=pick(args.snapshot_saves, 500, 200),
+        snapshot_turns=pick(args.snapshot_turns, 100, 30),
+        recovery_rounds=pick(args.recovery_rounds, 2, 1),
+        recovery_kills=args.recovery_kills,
+        recovery_turns=pick(args.recovery_turns, 9, 6),
     )
     args.phase_set = {x.strip() for x in args.phases.split(",") if x.strip()}
     unknown = args.phase_set - set(PHASES)
@@ -210,6 +306,8 @@ class Bench:
         self.console = console
         self.use_uvloop = not args.no_uvloop
         self.raw1: float | None = None
+        self.provider_url: str | None = None
+        self.instrumented_env: dict[str, str] = {}
         self.raw_n: float | None = None
         self.engine_rates: list[float] = []
         self.recorded: list[bytes] = []
@@ -217,7 +315,7 @@ class Bench:
         # Rows are kept per phase and printed in PHASES order, whatever the run order.
         self.rows: dict[str, list[tuple[str, ...]]] = {phase: [] for phase in PHASES}
         self.phase = "raw"
-        self.worker_setup: tuple[int, int] | None = None
+        self.worker_setup: tuple[Any, ...] | None = None
         self.engine = harness.Engine(
             redis_url=harness.redis_url(),
             admin_url=harness.admin_database_url(),
@@ -261,12 +359,30 @@ class Bench:
             return int(self.args.worker_concurrency)
         return max(1, math.ceil(self.sizes.tasks / count))
 
-    def set_workers(self, count: int, concurrency: int) -> None:
-        if self.worker_setup == (count, concurrency):
+    def set_workers(
+        self,
+        count: int,
+        concurrency: int,
+        extra_env: dict[str, str] | None = None,
+        code: str | None = None,
+    ) -> None:
+        setup = (count, concurrency, sorted((extra_env or {}).items()), code)
+        if self.worker_setup == setup:
             return
-        self.say(f"loop-workers: {count} x HOLDFAST_WORKER_CONCURRENCY={concurrency}")
-        self.engine.set_workers(count, concurrency)
-        self.worker_setup = (count, concurrency)
+        how = " (instrumented)" if code else ""
+        current = self.worker_setup
+        if current is not None and current[1:] == setup[1:] and current[0] < count:
+            # The same kind of worker, more of them: keep the running ones.
+            self.say(f"loop-workers{how}: {count - current[0]} more")
+            engine = self.engine
+            added = [
+                engine.start_worker(concurrency, extra_env, code) for _ in range(count - current[0])
+            ]
+            asyncio.run(engine.wait_consumers(added))
+        else:
+            self.say(f"loop-workers{how}: {count} x HOLDFAST_WORKER_CONCURRENCY={concurrency}")
+            self.engine.set_workers(count, concurrency, extra_env, code)
+        self.worker_setup = setup
         _run(
             lambda: scenarios.warm_up(self.engine.gateway_url, self.engine.api_key, 4 * count),
             self.use_uvloop,
@@ -460,6 +576,334 @@ class Bench:
             ok=bool(gaps) and idle.late == 0 and idle.ended_early == 0,
         )
 
+    # -- providers, tools, recovery -------------------------------------------------
+    def instrumented(self, count: int) -> tuple[Spans, str]:
+        """``count`` instrumented loop-workers (bench.instrument), all alike for the
+        providers, tools and recovery phases, so the phases can share them: the
+        Anthropic key and base URL of the bench's provider server (started here,
+        once), bash allowed, and one span directory. Returns the spans and the
+        provider server's URL."""
+        engine = self.engine
+        if self.provider_url is None:
+            providers.check_clock()
+            _proc, self.provider_url = engine.start_helper("provider", providers.SERVER_CODE)
+            self.say(f"provider server {self.provider_url} (Anthropic wire protocol)")
+        directory = engine.log_dir / "spans"
+        directory.mkdir(exist_ok=True)
+        env = {
+            "ANTHROPIC_API_KEY": "x",
+            "ANTHROPIC_BASE_URL": self.provider_url,
+            "HOLDFAST_TOOL_PERMISSIONS": json.dumps({"*": {"bash": "allow"}}),
+            SPANS_ENV: str(directory),
+        }
+        self.set_workers(count, SMALL_CONCURRENCY, env, WORKER_CODE)
+        self.instrumented_env = env
+        return Spans(directory), self.provider_url
+
+    def run_providers(self) -> None:
+        s, engine, uv = self.sizes, self.engine, self.use_uvloop
+        url, key = engine.gateway_url, engine.api_key
+        base_note = ""
+        if self.raw1 is None:
+            n = min(s.raw_events, 20_000)
+            self.say(f"raw baseline for the provider row: {n:,} entries, 1 stream")
+            with self.phase_errors("raw baseline (1 stream)"):
+                self.raw1 = _run(lambda: raw.xadd_xread(engine.redis_url, engine.prefix, n, 1), uv)
+                base_note = f" Raw baseline measured in this phase ({n:,} entries)."
+        label = "Provider first byte → client's first text_delta"
+        ready = False
+        with self.phase_errors(f"{label}: set-up"):
+            spans, server = self.instrumented(1)
+            self.pause("providers")
+            _run(lambda: providers.warm_up(url, key), uv)
+            _run(lambda: providers.fetch_stamps(server), uv)  # drop the warm-up's stamps
+            ready = True
+        if ready:
+            self._provider_rows(url, key, server, spans, base_note)
+
+    def _provider_rows(self, url: str, key: str, server: str, spans: Spans, note: str) -> None:
+        s, uv, pct = self.sizes, self.use_uvloop, scenarios.percentile
+        label = "Provider first byte → client's first text_delta"
+        self.say(f"{label}: {s.provider_turns} sequential turns")
+        lat = None
+        with self.phase_errors(label), self.measured() as (cpu, pg):
+            lat = _run(
+                lambda: providers.first_delta_latency(
+                    url, key, server, s.provider_turns, 10, spans
+                ),
+                uv,
+            )
+        if lat is not None:
+            split = (
+                f" Split at p50: server first byte → the worker starts the append carrying "
+                f"the first delta (httpx + SDK SSE parsing of message_start, "
+                f"content_block_start, ping, the delta; translation; emit) "
+                f"{pct(lat.to_emit_ms, 50):.2f} ms; that append (Lua XADD) "
+                f"{pct(lat.append_ms, 50):.2f} ms; append done → client parsed the frame "
+                f"(gateway XREAD fan-out, SSE, loopback, httpx) {pct(lat.to_client_ms, 50):.2f} ms."
+                if lat.to_emit_ms
+                else ""
+            )
+            self.row(
+                f"{label} (Anthropic SDK, zero-latency wire server)",
+                f"p50 {lat.p50:.2f} ms\np99 {lat.p99:.2f} ms",
+                target=f"added p50 ≤ {TARGET_PROVIDER_ADDED_MS:g} ms",
+                detail=f"{s.provider_turns} sequential turns on new tasks after 10 warm-up, "
+                f"3 deltas each; the server (own process) stamps perf_counter as its response "
+                f"yields message_start, the client as it parses the first text_delta frame "
+                f"(CLOCK_MONOTONIC: one clock for all processes).{split} For context: POST "
+                f"sent → request at the provider p50 {pct(lat.to_provider_ms, 50):.1f} ms; POST "
+                f"→ first delta p50 {pct(lat.post_to_delta_ms, 50):.1f} ms. CPU: "
+                f"{cpu.summary()}. {pg.summary()}",
+                ok=lat.p50 <= TARGET_PROVIDER_ADDED_MS,
+            )
+        label = f"Provider stream → SSE text_delta, 1 turn x {s.provider_deltas:,}, 1 worker"
+        self.say(label)
+        thr = None
+        with self.phase_errors(label), self.measured() as (cpu, pg):
+            thr = _run(lambda: providers.throughput(url, key, server, s.provider_deltas), uv)
+        if thr is not None:
+            ratio = thr.from_post / self.raw1 if self.raw1 else None
+            self.row(
+                label,
+                f"{fmt_rate(thr.from_post)}\n(steady {fmt_rate(thr.steady)})",
+                fmt_rate(self.raw1) if self.raw1 else "n/a",
+                f"{ratio:.2f}" if ratio is not None else "n/a",
+                "(none set)",
+                f"POST sent → last delta received (steady: first → last delta); the Anthropic "
+                f"SDK in the worker reads a zero-delay server that wrote all "
+                f"{thr.deltas + 6:,} events ({providers.BATCH_EVENTS} per write) in "
+                f"{thr.server_seconds * 1000:.0f} ms; the last delta reached the client "
+                f"{thr.server_to_client_last_ms:.0f} ms after the server's last byte. "
+                f"{thr.deltas:,} deltas in {thr.chunks:,} HTTP chunks, {thr.wall:.2f} s. CPU: "
+                f"{cpu.summary()}. {pg.summary()}.{note}",
+            )
+
+    def run_tools(self) -> None:
+        s, engine, pct = self.sizes, self.engine, scenarios.percentile
+        # Under the log directory: mkdtemp made it 0700 and root-owned, which the
+        # sandbox requires of a workspace's parent when it runs as root.
+        workspaces = tools.make_workspaces(engine.log_dir / "sandbox", max(1, s.exec_concurrency))
+        label = "Sandboxed exec overhead vs bare exec (`true`)"
+        self.say(f"{label}: {s.sandbox_runs} pairs")
+        sb = None
+        with self.phase_errors(label), self.measured() as (cpu, _pg):
+            sb = _run(
+                lambda: tools.sandbox_overhead(
+                    workspaces[0], s.sandbox_runs, self.args.sandbox_gap_ms
+                ),
+                False,
+            )
+        if sb is not None:
+            mech = ", ".join(f"{k} {v}" for k, v in sb.mechanisms.items())
+            self.row(
+                label,
+                f"+{sb.overhead_p50:.1f} ms p50",
+                f"{pct(sb.bare_ms, 50):.1f} ms bare",
+                f"{sb.ratio:.1f}x",
+                f"≤ {TARGET_SANDBOX_OVERHEAD_MS:g} ms p50",
+                f"{s.sandbox_runs} alternating pairs in this process (stdlib asyncio, like the "
+                f"tool-runner), each sandboxed call after {sb.gap_ms:g} ms idle like a tool "
+                f"call: run_sandboxed(['true']) p50 {pct(sb.sandboxed_ms, 50):.1f} ms, "
+                f"p99 {pct(sb.sandboxed_ms, 99):.1f} ms, of which subprocess.Popen() (fork, "
+                f"the child joining the call's cgroups, exec of bwrap) p50 "
+                f"{pct(sb.popen_ms, 50):.1f} ms; bare create_subprocess_exec('true') "
+                f"p50 {pct(sb.bare_ms, 50):.1f} ms, p99 {pct(sb.bare_ms, 99):.1f} ms; sandboxed "
+                f"`bash -c true` (what the bash tool runs) p50 "
+                f"{pct(sb.sandboxed_bash_ms, 50):.1f} ms over {len(sb.sandboxed_bash_ms)} runs. "
+                f"Limits: {mech}. Machine CPU {cpu.machine:.0f}% of "
+                f"{100 * (os.cpu_count() or 1)}%",
+                ok=sb.overhead_p50 <= TARGET_SANDBOX_OVERHEAD_MS,
+            )
+        label = f"Sandboxed execs/s, one runner's concurrency ({len(workspaces)})"
+        self.say(f"{label}: {s.exec_seconds:g} s")
+        rate = None
+        with self.phase_errors(label), self.measured() as (cpu, _pg):
+            rate = _run(lambda: tools.exec_rate(workspaces, s.exec_seconds), False)
+        if rate is not None:
+            self.row(
+                label,
+                f"{rate.rate:,.0f}/s",
+                target="(none set)",
+                detail=f"{rate.concurrency} coroutines calling run_sandboxed(['true']) back to "
+                f"back for {s.exec_seconds:g} s in one process, one workspace each: "
+                f"{rate.execs:,} execs, each p50 {pct(rate.latencies_ms, 50):.0f} ms, p99 "
+                f"{pct(rate.latencies_ms, 99):.0f} ms. Machine CPU {cpu.machine:.0f}% of "
+                f"{100 * (os.cpu_count() or 1)}%",
+            )
+        self._tool_round_trip(sb)
+
+    def _tool_round_trip(self, sb: tools.SandboxOverhead | None) -> None:
+        s, engine, pct = self.sizes, self.engine, scenarios.percentile
+        label = "Tool round trip (loop-worker → tool-runner → result), beyond the exec"
+        rt = None
+        with self.phase_errors(label):
+            spans, _server = self.instrumented(1)
+            engine.start_tool_runner(
+                {
+                    "HOLDFAST_WORKSPACE_ROOT": str(engine.log_dir / "workspaces"),
+                    SPANS_ENV: str(spans.directory),
+                },
+                RUNNER_CODE,
+            )
+            self.pause("tools")
+            self.say(f"{label}: {s.tool_turns} sequential turns")
+            with self.measured() as (cpu, pg):
+                rt = _run(
+                    lambda: tools.round_trips(
+                        engine.gateway_url, engine.api_key, s.tool_turns, spans
+                    ),
+                    self.use_uvloop,
+                )
+        engine.stop_tool_runners()
+        if rt is None:
+            return
+        if sb is not None and sb.sandboxed_bash_ms:
+            exec_ms = pct(sb.sandboxed_bash_ms, 50)
+            exec_note = "the sandboxed `bash -c true` p50 measured directly"
+        else:
+            exec_ms = pct(rt.segments_ms["sandbox"], 50)
+            exec_note = "the runner's own sandboxed exec p50"
+        overhead = rt.p50 - exec_ms
+        steps = "; ".join(
+            f"{name} {pct(rt.segments_ms[key], 50):.1f}"
+            for name, key in tools.SEGMENTS
+            if rt.segments_ms[key]
+        )
+        in_situ = ""
+        if rt.segments_ms["sandbox"] and sb is not None:
+            own = pct(rt.segments_ms["sandbox"], 50)
+            in_situ = (
+                f"; against the exec as timed inside the tool-runner ({own:.1f} ms) it is "
+                f"{rt.p50 - own:.1f} ms"
+            )
+        inner = "; ".join(f"{name} {pct(v, 50):.1f}" for name, v in rt.steps_ms.items())
+        self.row(
+            label,
+            f"{overhead:.1f} ms p50",
+            f"{exec_ms:.1f} ms exec",
+            "",
+            f"≤ {TARGET_TOOL_ROUND_TRIP_MS:g} ms p50",
+            f"tool_call frame → tool_result frame at the client, {s.tool_turns} sequential "
+            f"turns after 5 warm-up, each on a new task with one bash `true` call: p50 "
+            f"{rt.p50:.1f} ms, p99 {rt.p99:.1f} ms, minus {exec_note} ({exec_ms:.1f} ms){in_situ}. "
+            f"Step by step, p50 ms (instrumented worker and runner, one clock): {steps}. "
+            f"Single steps inside them, p50 ms: {inner}. CPU: "
+            f"{cpu.summary()}. {pg.summary()}",
+            ok=overhead <= TARGET_TOOL_ROUND_TRIP_MS,
+        )
+
+    def run_recovery(self) -> None:
+        s, engine, pct = self.sizes, self.engine, scenarios.percentile
+        label = "Snapshot save (Snapshots.save: one PostgreSQL INSERT)"
+        self.say(f"{label}: {s.snapshot_saves} saves")
+        ss = None
+        with self.phase_errors(label), self.measured() as (cpu, pg):
+            ss = _run(lambda: recovery.snapshot_saves(engine.database_url, s.snapshot_saves), False)
+        if ss is not None:
+            p50 = pct(ss.saves_ms, 50)
+            self.row(
+                label,
+                f"p50 {p50:.2f} ms\np99 {pct(ss.saves_ms, 99):.2f} ms",
+                target=f"≤ {TARGET_SNAPSHOT_MS:g} ms p50",
+                detail=f"{len(ss.saves_ms)} saves of a {ss.state_bytes:,}-byte mid-turn state "
+                f"(2 pending tool calls, one with its output) straight to the bench database "
+                f"through the engine's create_engine (pool_pre_ping on), stdlib asyncio. "
+                f"Interleaved, the same save without the pre-ping: p50 "
+                f"{pct(ss.no_ping_ms, 50):.2f} ms; and also with synchronous_commit=off "
+                f"(COMMIT does not wait for the WAL flush): p50 "
+                f"{pct(ss.no_ping_async_commit_ms, 50):.2f} ms. CPU: {cpu.summary()}",
+                ok=p50 <= TARGET_SNAPSHOT_MS,
+            )
+        label = "Snapshot per iteration in a loop-worker (drain + archive + save)"
+        spans: Spans | None = None
+        with self.phase_errors(label):
+            spans, _server = self.instrumented(RECOVERY_WORKERS)
+            self.pause("recovery")
+            self.say(f"{label}: {s.snapshot_turns} short turns")
+            start = time.perf_counter()
+            with self.measured() as (cpu, pg):
+                _run(
+                    lambda: recovery.quick_turns(
+                        engine.gateway_url, engine.api_key, s.snapshot_turns
+                    ),
+                    self.use_uvloop,
+                )
+            window = (start, time.perf_counter())
+            spans.reload()
+            total = spans.durations_ms("snapshot", window=window)
+            drain = spans.durations_ms("snapshot.drain", window=window)
+            archive = spans.durations_ms("snapshot.archive", window=window)
+            save = spans.durations_ms("snapshot.save", window=window)
+            archived = (
+                f"copying the task's events to PostgreSQL first (EventLog.archive_now) p50 "
+                f"{pct(archive, 50):.2f} ms, p99 {pct(archive, 99):.2f} ms; "
+                if archive
+                else ""
+            )
+            if not total:
+                raise RuntimeError("the instrumented workers recorded no snapshot")
+            self.row(
+                label,
+                f"p50 {pct(total, 50):.2f} ms\np99 {pct(total, 99):.2f} ms",
+                target=f"≤ {TARGET_SNAPSHOT_MS:g} ms p50",
+                detail=f"{len(total)} TurnRunner._snapshot calls (one per model call) in "
+                f"{s.snapshot_turns} sequential short turns on {RECOVERY_WORKERS} instrumented "
+                f"workers: waiting for the emitter to drain p50 {pct(drain, 50):.2f} ms, p99 "
+                f"{pct(drain, 99):.2f} ms; {archived}Snapshots.save p50 {pct(save, 50):.2f} "
+                f"ms, p99 {pct(save, 99):.2f} ms. CPU: {cpu.summary()}. {pg.summary()}",
+                ok=pct(total, 50) <= TARGET_SNAPSHOT_MS,
+            )
+        label = "Worker SIGKILL → the turn's next event from another worker"
+        if spans is None:
+            return
+        kills = s.recovery_kills
+        self.say(
+            f"{label}: {s.recovery_rounds} rounds of {s.recovery_turns} slow turns on "
+            f"{RECOVERY_WORKERS} workers, {kills} SIGKILLs each, default lease"
+        )
+        rec = None
+        started = time.perf_counter()
+        with self.phase_errors(label), self.measured() as (cpu, pg):
+            rec = _run(
+                lambda: recovery.takeovers(
+                    engine,
+                    rounds=s.recovery_rounds,
+                    kills_per_round=kills,
+                    turns=s.recovery_turns,
+                    concurrency=SMALL_CONCURRENCY,
+                    worker_env=self.instrumented_env,
+                    worker_code=WORKER_CODE,
+                ),
+                self.use_uvloop,
+            )
+        if rec is None:
+            self.worker_setup = None  # some workers may be gone
+            return
+        spans.reload()
+        recovery.attribute(rec, spans)
+        gaps = rec.all("gaps_s")
+        lease = rec.all("remaining_lease_s")
+        pickup = rec.all("pickup_s")
+        resume = rec.all("resume_ms")
+        spread = "; ".join(sorted({"/".join(map(str, k.spread)) for k in rec.kills}))
+        self.row(
+            f"{label} (default {DEFAULT_LEASE_SECONDS} s lease)",
+            f"p50 {pct(gaps, 50):.2f} s\np99 {pct(gaps, 99):.2f} s",
+            target=f"p99 ≤ {TARGET_TAKEOVER_P99_S:g} s",
+            detail=f"{len(gaps)} turns over {len(rec.kills)} SIGKILLs in {rec.rounds} rounds "
+            f"({RECOVERY_WORKERS} workers; {rec.turns_per_round} slow turns per round, per "
+            f"worker {spread}; the {kills} workers holding the most killed each at its own "
+            f"random moment 0-3.5 s after all streamed, and replaced); gap = kill → client "
+            f"receives turn_resumed; min {min(gaps):.2f} s, max {max(gaps):.2f} s. Lease left "
+            f"at the kill p50 {pct(lease, 50):.2f} s (min {min(lease, default=math.nan):.2f}, max "
+            f"{max(lease, default=math.nan):.2f}); kill → the new worker starts announcing "
+            f"the resume p50 {pct(pickup, 50):.2f} s; → client has turn_resumed p50 "
+            f"{pct(resume, 50):.0f} ms. {time.perf_counter() - started:.0f} s in all; machine "
+            f"CPU {cpu.machine:.0f}% of {100 * (os.cpu_count() or 1)}%. {pg.summary()}",
+            ok=pct(gaps, 99) <= TARGET_TAKEOVER_P99_S,
+        )
+
     @contextmanager
     def phase_errors(self, label: str) -> Iterator[None]:
         """A failing measurement becomes an ERROR row; the run goes on."""
@@ -492,17 +936,14 @@ class Bench:
             if "raw" in args.phase_set:
                 self.phase = "raw"
                 self.run_raw()
-            if args.phase_set & {"e2e", "latency", "idle"}:
+            if args.phase_set & ENGINE_PHASES:
                 engine.start_gateway()
+            if args.phase_set & {"e2e", "latency"}:
                 self.set_workers(1, self.workers_for(1))
-            for phase, fn in (
-                ("latency", self.run_latency),
-                ("e2e", self.run_e2e),
-                ("idle", self.run_idle),
-            ):
+            for phase in RUN_ORDER:
                 if phase in args.phase_set:
                     self.phase = phase
-                    fn()
+                    getattr(self, f"run_{phase}")()
         except BaseException:
             self.console.print("[red]bench failed; engine logs:[/]\n" + escape(engine.log_tail()))
             raise
@@ -534,8 +975,11 @@ class Bench:
             f"All rows from one run ({seconds:.0f} s): 1 gateway, loop-workers as stated "
             f"(HOLDFAST_WORKER_CONCURRENCY {self.workers_for(1)} with 1 worker, "
             f"{self.workers_for(2)} each with 2, {args.idle_worker_concurrency} for the idle "
-            f"rows), HOLDFAST_HEARTBEAT_SECONDS={args.heartbeat:g}; Redis and PostgreSQL on "
-            f"this machine; client on {'uvloop' if self.use_uvloop else 'asyncio'}."
+            f"rows; {SMALL_CONCURRENCY} for the provider, tool and recovery rows, whose "
+            f"workers — 1, then {RECOVERY_WORKERS} for recovery — and tool-runner are "
+            f"instrumented by bench.instrument), HOLDFAST_HEARTBEAT_SECONDS={args.heartbeat:g}; "
+            f"Redis and PostgreSQL on this machine; client on "
+            f"{'uvloop' if self.use_uvloop else 'asyncio'}."
         )
         self.console.print(table)
 

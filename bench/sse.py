@@ -48,6 +48,7 @@ class SSECount:
     heartbeats: list[float] = field(default_factory=list)  # client receive times
     heartbeat_server_ms: list[int] = field(default_factory=list)
     task_id: str | None = None
+    turn_id: str | None = None
     _buf: bytes = b""
 
     @property
@@ -134,6 +135,7 @@ async def stream(
             body = await response.aread()
             raise StreamError(f"{method} {url}: HTTP {response.status_code}: {body[:300]!r}")
         got.task_id = response.headers.get("x-task-id", got.task_id)
+        got.turn_id = response.headers.get("x-turn-id", got.turn_id)
         perf = time.perf_counter
         async for chunk in response.aiter_raw():
             got.feed(chunk, perf())
@@ -156,3 +158,76 @@ def parse_rate(chunks: list[bytes], repeat: int = 20) -> tuple[float, int]:
         best = min(best, time.perf_counter() - start)
         frames = got.frames
     return (frames / best if best > 0 else float("inf")), frames
+
+
+@dataclass(slots=True)
+class Frames:
+    """Every frame of one SSE response with its receive time, decoded (for the
+    low-volume scenarios — tool round trips, recovery — where each frame's time
+    matters, not the rate)."""
+
+    opened_at: float = 0.0
+    frames: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list)
+    phase: str | None = None
+    stop_reason: str | None = None
+    task_id: str | None = None
+    turn_id: str | None = None
+    _buf: bytes = b""
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("completed", "errored")
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        buf = (self._buf + chunk).replace(b"\r\n", b"\n")
+        *complete, self._buf = buf.split(b"\n\n")
+        for raw in complete:
+            event, data = "message", b""
+            for line in raw.split(b"\n"):
+                if line.startswith(b"event:"):
+                    event = line[6:].strip().decode()
+                elif line.startswith(b"data:"):
+                    data = line[5:].strip()
+            if not raw.strip():
+                continue
+            body: dict[str, Any] = json.loads(data) if data else {}
+            self.frames.append((event, now, body))
+            if event == "thread_lifecycle":
+                self.phase = body.get("phase")
+                self.stop_reason = body.get("stop_reason", self.stop_reason)
+
+    def first(self, event: str, after: float = 0.0) -> tuple[float, dict[str, Any]] | None:
+        for name, at, body in self.frames:
+            if name == event and at > after:
+                return at, body
+        return None
+
+    def types(self) -> list[str]:
+        return [name for name, _, _ in self.frames]
+
+
+async def stream_frames(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    key: str,
+    json_body: dict[str, Any] | None = None,
+    got: Frames | None = None,
+) -> Frames:
+    """Read one SSE response to the end of its turn, keeping every frame."""
+    got = got or Frames()
+    got.opened_at = time.perf_counter()
+    headers = {"X-Engine-Key": key}
+    async with client.stream(method, url, headers=headers, json=json_body) as response:
+        if response.status_code != 200:
+            body = await response.aread()
+            raise StreamError(f"{method} {url}: HTTP {response.status_code}: {body[:300]!r}")
+        got.task_id = response.headers.get("x-task-id")
+        got.turn_id = response.headers.get("x-turn-id")
+        perf = time.perf_counter
+        async for chunk in response.aiter_raw():
+            got.feed(chunk, perf())
+            if got.done:
+                break
+    return got

@@ -110,8 +110,10 @@ return 0
 """
 
 
-# Longest one archiving pass of a task may hold its claim.
+# Longest one archiving pass of a task may hold its claim, and how long a
+# caller that must have the events archived waits for another archiver.
 _ARCHIVE_CLAIM_MS = 30_000
+_CLAIM_WAIT_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,15 +353,20 @@ class EventLog:
         return int(value or 0)
 
     # -- archiving -------------------------------------------------------------
-    async def archive_task(self, task_id: str, dirty_score: float) -> int:
+    async def archive_task(self, task_id: str, dirty_score: float, *, wait: bool = False) -> int:
         """Copy the task's unarchived events to PostgreSQL; returns how many.
 
         One archiver at a time per task (a short Redis lock): the others skip
-        it instead of copying the same events again.
+        it instead of copying the same events again, unless ``wait`` (a caller
+        that needs the events archived now waits for the other to finish,
+        then copies whatever is left).
         """
         claim = self.keys.archiving(task_id)
-        if not await self.redis.set(claim, "1", nx=True, px=_ARCHIVE_CLAIM_MS):
-            return 0
+        deadline = asyncio.get_running_loop().time() + (_CLAIM_WAIT_SECONDS if wait else 0)
+        while not await self.redis.set(claim, "1", nx=True, px=_ARCHIVE_CLAIM_MS):
+            if asyncio.get_running_loop().time() >= deadline:
+                return 0
+            await asyncio.sleep(0.005)
         try:
             return await self._archive_claimed(task_id, dirty_score)
         finally:
@@ -408,7 +415,8 @@ class EventLog:
         Leaves the dirty mark for the regular archiver, which may have seen
         newer events.
         """
-        return await self.archive_task(task_id, -1.0)  # scores start at 1: never cleared
+        # Scores start at 1: -1 never clears the mark the background archiver uses.
+        return await self.archive_task(task_id, -1.0, wait=True)
 
     async def archive_pending(self, limit: int = 200) -> int:
         """One archiving pass over the tasks marked dirty; returns events copied."""

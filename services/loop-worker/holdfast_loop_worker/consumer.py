@@ -41,6 +41,7 @@ from holdfast_loop_worker.turn import TurnContext, TurnRunner
 log = logging.getLogger(__name__)
 
 BLOCK_MS = 1000
+_CLAIM_CALLS_PER_READ = 4
 
 
 class _Running:
@@ -74,6 +75,7 @@ class TurnConsumer:
         self.drain_seconds = drain_seconds
         self.on_group_created = on_group_created
         self._running: dict[str, _Running] = {}  # by turn id
+        self._claim_cursor = "0-0"
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take jobs until ``stop`` is set, then drain and hand back."""
@@ -108,15 +110,7 @@ class TurnConsumer:
     # -- reading ---------------------------------------------------------------
     async def _next_entries(self, count: int) -> list[tuple[str, dict[str, str], str | None]]:
         try:
-            # Turns of workers that stopped renewing come first.
-            _cursor, claimed, *_ = await self.redis.xautoclaim(
-                self.keys.turns,
-                TURNS_GROUP,
-                self.consumer_name,
-                min_idle_time=self.lease_ms,
-                count=count,
-            )
-            entries = [(e[0], e[1], "worker_lost") for e in claimed if e and e[0] is not None]
+            entries = await self._take_over(count)
             if entries:
                 return entries
             reply = await self.redis.xreadgroup(
@@ -134,6 +128,29 @@ class TurnConsumer:
             await asyncio.sleep(0.5)
             return []
         return [(e[0], e[1], None) for _s, stream_entries in reply or [] for e in stream_entries]
+
+    async def _take_over(self, count: int) -> list[tuple[str, dict[str, str], str | None]]:
+        """Entries of workers that stopped renewing (idle past the lease).
+
+        XAUTOCLAIM looks at no more than 10 * COUNT pending entries per call,
+        so the scan goes on from the returned cursor (a few calls per read)
+        instead of only ever looking at the oldest live ones.
+        """
+        entries: list[tuple[str, dict[str, str], str | None]] = []
+        for _ in range(_CLAIM_CALLS_PER_READ):
+            cursor, claimed, *_ = await self.redis.xautoclaim(
+                self.keys.turns,
+                TURNS_GROUP,
+                self.consumer_name,
+                min_idle_time=self.lease_ms,
+                start_id=self._claim_cursor,
+                count=count - len(entries),
+            )
+            self._claim_cursor = cursor
+            entries += [(e[0], e[1], "worker_lost") for e in claimed if e and e[0] is not None]
+            if cursor == "0-0" or len(entries) >= count:
+                break
+        return entries
 
     async def _ensure_group(self) -> None:
         if await ensure_group(self.redis, self.keys.turns, TURNS_GROUP):
@@ -171,8 +188,9 @@ class TurnConsumer:
                 await self.leases.release(job.turn_id)
             return
         log.info("turn %s of task %s: %s", job.turn_id, job.task_id, outcome)
-        if outcome == "superseded":
-            return  # the entry now belongs to the worker that took the turn over
+        if outcome in ("superseded", "busy"):
+            # Left pending: taken over again if its holder goes away.
+            return
         await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
 
     async def _drain(self) -> None:

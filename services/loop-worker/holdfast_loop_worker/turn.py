@@ -167,11 +167,16 @@ class TurnRunner:
     # -- lifecycle -------------------------------------------------------------
     async def run(self) -> str:
         """Returns ``completed``, ``errored``, ``cancelled``, ``parked``,
-        ``handed_back``, ``skipped`` (another worker has it, or it is over) or
-        ``superseded`` (another worker took it over while this one stalled)."""
+        ``handed_back``, ``skipped`` (it is over), ``busy`` (another worker
+        holds it) or ``superseded`` (another worker took it over while this
+        one stalled)."""
         row = await self._load_turn()  # as it was before this worker claimed it
-        if row is None or not await self.ctx.leases.claim(self.job.turn_id):
+        if row is None:
             return "skipped"
+        if not await self.ctx.leases.claim(self.job.turn_id):
+            # Another worker holds it (or held it until a moment ago): leave
+            # the job pending; it is offered again once its lease runs out.
+            return "busy"
         # From here on, a worker that stalled past its lease and wakes up
         # finds its appends refused (fenced) instead of writing over ours.
         self.emitter.epoch = await next_epoch(self.ctx.redis, self.ctx.keys, self.job.task_id)
