@@ -75,7 +75,7 @@ def up(
 
 @app.command(epilog=_EXTERNAL)
 def gateway() -> None:
-    """Run the HTTP gateway (execute, replay and live SSE) on HOLDFAST_HOST:HOLDFAST_PORT."""
+    """Run the HTTP gateway (execute, replay, cancel, HITL, tasks) on HOLDFAST_HOST:PORT."""
     _run_service("holdfast_gateway.main")
 
 
@@ -87,7 +87,7 @@ def loop_worker() -> None:
 
 @app.command("tool-runner", epilog=_EXTERNAL)
 def tool_runner() -> None:
-    """Run one tool-runner: consumes tool calls from the tool queue."""
+    """Run one tool-runner: runs tool calls in the sandbox (bubblewrap + seccomp + landlock)."""
     _run_service("holdfast_tool_runner.main")
 
 
