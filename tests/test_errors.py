@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
 import httpx
 import pytest
 from holdfast_shared.db.models import Message, Task
+from holdfast_shared.keys import Keys
 from sqlalchemy import func, select
 
 from tests.processes import EngineProcesses
@@ -138,3 +141,28 @@ async def test_health_needs_no_key(engine: EngineProcesses) -> None:
     assert body["uptime_seconds"] > 0
     assert body["subsystems"]["redis"]["status"] == "ok"
     assert body["subsystems"]["postgres"]["status"] == "ok"
+
+
+async def test_a_lock_left_by_a_dead_gateway_does_not_block_the_task(
+    engine: EngineProcesses, api_keys: dict[str, str], redis: Any, redis_prefix: str
+) -> None:
+    # A gateway killed between taking the turn lock and committing the turn
+    # leaves a lock whose turn never existed.
+    key = api_keys["main"]
+    async with httpx.AsyncClient(timeout=30) as client:
+        first = await execute(client, engine.url, key, {"message": "before"})
+        task_id = first.headers["x-task-id"]
+        ghost = f"turn_{int((time.time() - 60) * 1000):012x}{'0' * 16}"
+        await redis.set(Keys(redis_prefix).running_turn(task_id), ghost, ex=3600)
+        after = await execute(client, engine.url, key, {"message": "after", "task_id": task_id})
+        fresh = f"turn_{int(time.time() * 1000):012x}{'0' * 16}"
+        await redis.set(Keys(redis_prefix).running_turn(task_id), fresh, ex=3600)
+        young = await client.post(
+            f"{engine.url}/execute",
+            json={"message": "too soon", "task_id": task_id},
+            headers={"X-Engine-Key": key},
+        )
+        await redis.delete(Keys(redis_prefix).running_turn(task_id))
+    assert after.status == 200 and after.events[-1]["phase"] == "completed"
+    # A young lock may belong to a request still committing: it is respected.
+    assert young.status_code == 409

@@ -20,3 +20,12 @@ def new_id(prefix: str) -> str:
     """A sortable, unguessable id such as ``task_01J...``: time prefix + randomness."""
     millis = int(time.time() * 1000)
     return f"{prefix}_{millis:012x}{secrets.token_hex(8)}"
+
+
+def created_ms(value: str) -> int | None:
+    """When an id made by :func:`new_id` was minted (epoch ms), else None."""
+    _, _, rest = value.partition("_")
+    try:
+        return int(rest[:12], 16) if len(rest) >= 12 else None
+    except ValueError:
+        return None

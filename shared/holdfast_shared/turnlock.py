@@ -16,6 +16,14 @@ end
 return 0
 """
 
+_REPLACE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -29,6 +37,7 @@ class TurnLock:
         self.ttl_seconds = ttl_seconds
         self._release = redis.register_script(_RELEASE)
         self._ensure = redis.register_script(_ENSURE)
+        self._replace = redis.register_script(_REPLACE)
 
     async def acquire(self, task_id: str, turn_id: str) -> bool:
         """Take the lock for ``turn_id``; False when another turn holds it."""
@@ -45,6 +54,13 @@ class TurnLock:
         """Keep the lock for ``ttl_seconds`` more; False if another turn holds it."""
         result = await self._ensure(
             keys=[self.keys.running_turn(task_id)], args=[turn_id, ttl_seconds]
+        )
+        return bool(result)
+
+    async def replace(self, task_id: str, stale_turn: str, turn_id: str) -> bool:
+        """Take the lock over from ``stale_turn`` (only if it still holds it)."""
+        result = await self._replace(
+            keys=[self.keys.running_turn(task_id)], args=[stale_turn, turn_id, self.ttl_seconds]
         )
         return bool(result)
 

@@ -19,7 +19,7 @@ from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
-from holdfast_shared.ids import new_id
+from holdfast_shared.ids import created_ms, new_id
 from holdfast_shared.jobs import TurnJob
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
@@ -53,6 +53,25 @@ async def _get_or_create_task(
         # Another tenant's task is indistinguishable from a missing one.
         raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
     return False
+
+
+# A lock whose turn was never committed is abandoned once it is this old: its
+# gateway died between taking the lock and committing the turn.
+_ABANDONED_AFTER_MS = 10_000
+
+
+async def _take_abandoned_lock(state: GatewayState, task_id: str, turn_id: str) -> bool:
+    """Take over a lock left by a gateway that died mid-request (no turn row)."""
+    holder = await state.lock.holder(task_id)
+    if holder is None:
+        return await state.lock.acquire(task_id, turn_id)
+    minted = created_ms(holder)
+    if minted is None or time.time() * 1000 - minted < _ABANDONED_AFTER_MS:
+        return False
+    async with state.sessions() as session:
+        if await session.get(Turn, holder) is not None:
+            return False
+    return await state.lock.replace(task_id, holder, turn_id)
 
 
 async def _refuse_busy(state: GatewayState, task_id: str) -> NoReturn:
@@ -99,7 +118,9 @@ async def start_turn(
         # before anything is queued.
         async with state.sessions.begin() as session:
             new_task = await _get_or_create_task(session, tenant_id, task_id, agent, model)
-            if not await state.lock.acquire(task_id, turn_id):
+            if not await state.lock.acquire(task_id, turn_id) and not await _take_abandoned_lock(
+                state, task_id, turn_id
+            ):
                 await _refuse_busy(state, task_id)
             locked = True
             await session.execute(
