@@ -33,6 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from holdfast_shared.background import cancel_and_wait
 from holdfast_shared.db.models import EventRecord
 from holdfast_shared.events import _Event, body_json
 from holdfast_shared.keys import Keys
@@ -453,13 +454,8 @@ class Archiver:
         self._task = asyncio.create_task(self._run(), name="event-archiver")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         # A last pass so a clean shutdown leaves nothing unarchived.
         await self.log.archive_pending()
 

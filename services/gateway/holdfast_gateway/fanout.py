@@ -19,6 +19,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
+from holdfast_shared.background import cancel_and_wait
 from holdfast_shared.eventlog import EventLog, LoggedEvent
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
@@ -70,12 +71,7 @@ class Hub:
         self._task = asyncio.create_task(self._run(), name="event-tailer")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         for tail in self._tails.values():
             for sub in tail.subscribers:
                 sub.queue.put_nowait(None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from holdfast_shared.background import cancel_and_wait
 from holdfast_shared.jobs import InboxMessage
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
@@ -30,12 +31,7 @@ class Inbox:
         self._task = asyncio.create_task(self._run(), name="inbox")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         await self.redis.delete(self.stream)
 
     def expect(self, correlation_id: str) -> asyncio.Future[InboxMessage]:

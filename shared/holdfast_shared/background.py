@@ -1,0 +1,16 @@
+"""Owning background tasks: every one is cancelled and awaited by its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has really stopped."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
