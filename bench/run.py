@@ -704,14 +704,15 @@ class Bench:
                 f"≤ {TARGET_SANDBOX_OVERHEAD_MS:g} ms p50",
                 f"{s.sandbox_runs} alternating pairs in this process (stdlib asyncio, like the "
                 f"tool-runner), each sandboxed call after {sb.gap_ms:g} ms idle like a tool "
-                f"call: run_sandboxed(['true']) p50 {pct(sb.sandboxed_ms, 50):.1f} ms, "
-                f"p99 {pct(sb.sandboxed_ms, 99):.1f} ms, of which subprocess.Popen() (fork, "
-                f"the child joining the call's cgroups, exec of bwrap) p50 "
-                f"{pct(sb.popen_ms, 50):.1f} ms; bare create_subprocess_exec('true') "
+                f"call, through a launcher pool of {sb.spares} spares as the tool-runner keeps: "
+                f"run_sandboxed(['true']) p50 {pct(sb.sandboxed_ms, 50):.1f} ms, "
+                f"p99 {pct(sb.sandboxed_ms, 99):.1f} ms; bare create_subprocess_exec('true') "
                 f"p50 {pct(sb.bare_ms, 50):.1f} ms, p99 {pct(sb.bare_ms, 99):.1f} ms; sandboxed "
                 f"`bash -c true` (what the bash tool runs) p50 "
-                f"{pct(sb.sandboxed_bash_ms, 50):.1f} ms over {len(sb.sandboxed_bash_ms)} runs. "
-                f"Limits: {mech}. Machine CPU {cpu.machine:.0f}% of "
+                f"{pct(sb.sandboxed_bash_ms, 50):.1f} ms over {len(sb.sandboxed_bash_ms)} runs; "
+                f"without a pool (the call spawns its launcher and waits for its move into the "
+                f"call's cgroups) p50 {pct(sb.unpooled_ms, 50):.1f} ms over "
+                f"{len(sb.unpooled_ms)} runs. Limits: {mech}. Machine CPU {cpu.machine:.0f}% of "
                 f"{100 * (os.cpu_count() or 1)}%",
                 ok=sb.overhead_p50 <= TARGET_SANDBOX_OVERHEAD_MS,
             )
@@ -726,7 +727,8 @@ class Bench:
                 f"{rate.rate:,.0f}/s",
                 target="(none set)",
                 detail=f"{rate.concurrency} coroutines calling run_sandboxed(['true']) back to "
-                f"back for {s.exec_seconds:g} s in one process, one workspace each: "
+                f"back for {s.exec_seconds:g} s in one process, one workspace each, one "
+                f"launcher pool: "
                 f"{rate.execs:,} execs, each p50 {pct(rate.latencies_ms, 50):.0f} ms, p99 "
                 f"{pct(rate.latencies_ms, 99):.0f} ms. Machine CPU {cpu.machine:.0f}% of "
                 f"{100 * (os.cpu_count() or 1)}%",

@@ -1,13 +1,16 @@
 """Tool execution: the sandbox's own cost, and a tool call's round trip through the engine.
 
 * Sandbox overhead: ``holdfast_tool_runner.sandbox.run_sandboxed(["true"], policy)``
-  against a bare ``asyncio.create_subprocess_exec("true")`` (stdout and stderr
-  piped and read in both), alternating, in this process on the stdlib
-  asyncio loop like the tool-runner. The workspace sits under a 0700,
-  root-owned parent, as the sandbox requires when run as root.
+  with a launcher pool of the tool-runner's default size (``HOLDFAST_SANDBOX_SPARES``),
+  as the tool-runner calls it, against a bare ``asyncio.create_subprocess_exec("true")``
+  (stdout and stderr piped and read in both), alternating, in this process on the
+  stdlib asyncio loop like the tool-runner. Also timed: calls without a pool, which
+  spawn their own launcher and wait for its move into the call's cgroups. The
+  workspace sits under a 0700, root-owned parent, as the sandbox requires when run
+  as root.
 * Sandboxed execs/s: ``concurrency`` coroutines (the tool-runner's default
   ``HOLDFAST_TOOL_CONCURRENCY`` is 8) call ``run_sandboxed(["true"])`` back
-  to back for a fixed time, one workspace each.
+  to back for a fixed time, one workspace each, sharing one launcher pool.
 * Round trip: a real tool-runner, loop-worker and gateway; each turn's
   scripted model answer is one ``bash`` call (``true``); the client times the
   ``tool_call`` frame → the ``tool_result`` frame. Both processes are
@@ -18,7 +21,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,26 +53,33 @@ async def _bare(argv: list[str]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def _sandboxed(argv: list[str], policy: Any) -> float:
+async def _sandboxed(argv: list[str], policy: Any, launchers: Any) -> float:
     from holdfast_tool_runner.sandbox import run_sandboxed
 
     start = time.perf_counter()
-    result = await run_sandboxed(argv, policy)
+    result = await run_sandboxed(argv, policy, launchers=launchers)
     elapsed = (time.perf_counter() - start) * 1000
     if result.exit_code != 0:
         raise RuntimeError(f"sandboxed {argv} exited {result.exit_code}: {result.stderr[-300:]}")
     return elapsed
 
 
+def launcher_pool() -> Any:
+    """The launcher pool a tool-runner keeps, at its default size."""
+    from holdfast_shared.settings import Settings
+    from holdfast_tool_runner.sandbox import launcher_pool
+
+    return launcher_pool(spares=Settings.model_fields["sandbox_spares"].default)
+
+
 @dataclass
 class SandboxOverhead:
     bare_ms: list[float]
-    sandboxed_ms: list[float]
+    sandboxed_ms: list[float]  # through the launcher pool, as the tool-runner runs
     sandboxed_bash_ms: list[float]  # the bash tool's own command: bash -c true
-    # subprocess.Popen() inside the sandboxed ``true`` calls: fork (a preexec_fn
-    # rules out vfork), the child joining the call's cgroups, exec of bwrap.
-    popen_ms: list[float] = field(default_factory=list)
+    unpooled_ms: list[float] = field(default_factory=list)  # spawning its own launcher
     gap_ms: float = 0.0
+    spares: int = 0
     mechanisms: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -80,30 +89,6 @@ class SandboxOverhead:
     @property
     def ratio(self) -> float:
         return percentile(self.sandboxed_ms, 50) / percentile(self.bare_ms, 50)
-
-
-class _PopenTimer:
-    """Times ``subprocess.Popen()`` (this process only) while ``on``."""
-
-    def __init__(self) -> None:
-        self.on = False
-        self.samples: list[float] = []
-        self._original = subprocess.Popen.__init__
-
-    def __enter__(self) -> _PopenTimer:
-        timer, original = self, self._original
-
-        def init(popen: Any, *args: Any, **kwargs: Any) -> None:
-            start = time.perf_counter()
-            original(popen, *args, **kwargs)
-            if timer.on:
-                timer.samples.append((time.perf_counter() - start) * 1000)
-
-        subprocess.Popen.__init__ = init  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        subprocess.Popen.__init__ = self._original  # type: ignore[method-assign]
 
 
 def make_workspaces(root: Path, count: int) -> list[Path]:
@@ -120,47 +105,46 @@ async def sandbox_overhead(
     workspace: Path, runs: int, gap_ms: float = 30.0, warmup: int = 10
 ) -> SandboxOverhead:
     """``runs`` pairs, alternating which goes first; every fourth pair also one
-    sandboxed ``bash -c true`` (what the bash tool runs for ``true``).
+    sandboxed ``bash -c true`` (what the bash tool runs for ``true``) and one
+    ``true`` without a launcher pool.
 
     Each sandboxed call comes after ``gap_ms`` of idle, as tool calls on a
     runner do (they are seconds apart): moving a process into a cgroup takes
     the kernel's cgroup_threadgroup_rwsem for writing, which waits for an RCU
     grace period unless another move happened within the last few ms, so
-    back-to-back calls would measure a cheaper sandbox than the tools get.
+    back-to-back calls would measure the unpooled path cheaper than the tools
+    get it.
     """
-    from holdfast_tool_runner.sandbox import run_sandboxed
-
     policy = _policy(workspace)
-    first = await run_sandboxed(["true"], policy)
-    out = SandboxOverhead([], [], [], gap_ms=gap_ms, mechanisms=dict(first.mechanisms))
-    bash = ["/bin/bash", "-c", "true"]
     gap = gap_ms / 1000
+    async with launcher_pool() as launchers:
+        await asyncio.sleep(0.5)  # let the pool fill, as it has long before a runner's first call
+        first = await _sandboxed(["true"], policy, launchers)
+        del first
+        out = SandboxOverhead([], [], [], gap_ms=gap_ms, spares=launchers.spares)
+        bash = ["/bin/bash", "-c", "true"]
 
-    async def sandboxed(argv: list[str], timer: _PopenTimer | None = None) -> float:
-        await asyncio.sleep(gap)
-        if timer is not None:
-            timer.on = True
-        try:
-            return await _sandboxed(argv, policy)
-        finally:
-            if timer is not None:
-                timer.on = False
+        async def sandboxed(argv: list[str], pool: Any = launchers) -> float:
+            await asyncio.sleep(gap)
+            return await _sandboxed(argv, policy, pool)
 
-    for _ in range(warmup):
-        await _bare(["true"])
-        await sandboxed(["true"])
-        await sandboxed(bash)
-    with _PopenTimer() as timer:
+        for _ in range(warmup):
+            await _bare(["true"])
+            await sandboxed(["true"])
+            await sandboxed(bash)
         for i in range(runs):
             if i % 2:
-                out.sandboxed_ms.append(await sandboxed(["true"], timer))
+                out.sandboxed_ms.append(await sandboxed(["true"]))
                 out.bare_ms.append(await _bare(["true"]))
             else:
                 out.bare_ms.append(await _bare(["true"]))
-                out.sandboxed_ms.append(await sandboxed(["true"], timer))
+                out.sandboxed_ms.append(await sandboxed(["true"]))
             if i % 4 == 0:
                 out.sandboxed_bash_ms.append(await sandboxed(bash))
-    out.popen_ms = timer.samples
+                out.unpooled_ms.append(await sandboxed(["true"], None))
+    from holdfast_tool_runner.sandbox import run_sandboxed
+
+    out.mechanisms = dict((await run_sandboxed(["true"], policy)).mechanisms)
     return out
 
 
@@ -177,18 +161,20 @@ class ExecRate:
 
 
 async def exec_rate(workspaces: list[Path], seconds: float) -> ExecRate:
-    """One coroutine per workspace."""
+    """One coroutine per workspace, all sharing one launcher pool (as one runner)."""
     concurrency = len(workspaces)
     policies = [_policy(w) for w in workspaces]
     latencies: list[float] = []
-    start = time.perf_counter()
-    deadline = start + seconds
+    async with launcher_pool() as launchers:
+        await asyncio.sleep(0.5)
+        start = time.perf_counter()
+        deadline = start + seconds
 
-    async def loop(policy: Any) -> None:
-        while time.perf_counter() < deadline:
-            latencies.append(await _sandboxed(["true"], policy))
+        async def loop(policy: Any) -> None:
+            while time.perf_counter() < deadline:
+                latencies.append(await _sandboxed(["true"], policy, launchers))
 
-    await asyncio.gather(*(loop(p) for p in policies))
+        await asyncio.gather(*(loop(p) for p in policies))
     return ExecRate(concurrency, len(latencies), time.perf_counter() - start, latencies)
 
 

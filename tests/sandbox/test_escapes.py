@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from holdfast_tool_runner.sandbox import SandboxResult, reap_leftovers, run_sandboxed
 from holdfast_tool_runner.sandbox.limits import Cgroup
-from holdfast_tool_runner.sandbox.runner import Host, workspace_tag
+from holdfast_tool_runner.sandbox.runner import Host
 
 from .conftest import PolicyFactory, Workspaces, host_processes, on_host
 
@@ -359,11 +359,14 @@ async def test_reap_leftovers_kills_a_running_call(
 
 
 async def test_reap_leftovers_of_a_dead_runner(workspaces: Workspaces, sandbox_host: Host) -> None:
-    # A runner that crashed leaves its call's cgroup behind with processes in it.
+    # A runner that crashed leaves its call's cgroup behind with processes in it; the
+    # cgroup is named after the runner's pid, which no process has any more.
     subtree = sandbox_host.cgroups.v2 or sandbox_host.cgroups.v1_pids
     if subtree is None:
         pytest.skip("no cgroup on this host: calls are tracked by session and pid namespace")
-    leaf = Cgroup(subtree / f"{workspace_tag(workspaces.mine)}-deadrunner")
+    dead = await asyncio.create_subprocess_exec("true")
+    await dead.wait()
+    leaf = Cgroup(subtree / f"{dead.pid}-deadrunner")
     leaf.path.mkdir()
     marker = f"985.{secrets.randbelow(10**6):06d}"
     orphan = await asyncio.create_subprocess_exec("sleep", marker)

@@ -15,7 +15,7 @@ from typing import Any
 
 from holdfast_shared.jobs import ToolOutcome
 
-from holdfast_tool_runner.sandbox import SandboxPolicy, SandboxResult, run_sandboxed
+from holdfast_tool_runner.sandbox import Launchers, SandboxPolicy, SandboxResult, run_sandboxed
 
 MAX_TIMEOUT_SECONDS = 600.0
 # Files larger than this are refused by read_file (the model gets the reason).
@@ -107,20 +107,31 @@ async def run_tool(
     *,
     network: bool,
     timeout_seconds: float,
+    launchers: Launchers | None = None,
 ) -> ToolOutcome:
-    """Run one built-in tool in the task's sandbox; failures come back as ``error``."""
+    """Run one built-in tool in the task's sandbox; failures come back as ``error``.
+
+    ``launchers``: the runner's pool of processes spawned ahead of calls.
+    """
     timeout = max(0.1, min(timeout_seconds, MAX_TIMEOUT_SECONDS))
     policy = SandboxPolicy(workspace=workspace, network=network, timeout_seconds=timeout)
     if tool == "bash":
         command = tool_input.get("command")
         if not isinstance(command, str) or not command:
             return ToolOutcome(error="bash needs a non-empty 'command' string")
-        return _bash_outcome(await run_sandboxed(["/bin/bash", "-c", command], policy))
+        if "\0" in command:
+            return ToolOutcome(error="bash: the command contains a NUL character")
+        return _bash_outcome(
+            await run_sandboxed(["/bin/bash", "-c", command], policy, launchers=launchers)
+        )
     request = json.dumps({"tool": tool, "input": tool_input, "max_read": MAX_READ_BYTES})
     # The answer is JSON (escaping can double a file's size): never cut it.
     file_policy = replace(policy, max_output_bytes=4 * MAX_READ_BYTES + 64 * 1024)
     result = await run_sandboxed(
-        [SYSTEM_PYTHON, "-I", "-S", "-c", _FILE_TOOL], file_policy, stdin=request.encode()
+        [SYSTEM_PYTHON, "-I", "-S", "-c", _FILE_TOOL],
+        file_policy,
+        stdin=request.encode(),
+        launchers=launchers,
     )
     if result.exit_code != 0 or result.timed_out:
         return ToolOutcome(error=f"{tool} failed: {result.stderr.strip()[-2000:] or 'killed'}")

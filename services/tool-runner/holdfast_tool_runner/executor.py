@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_tool_runner.builtin import run_tool
-from holdfast_tool_runner.sandbox import SandboxUnavailable
+from holdfast_tool_runner.sandbox import Launchers, SandboxUnavailable
 from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
@@ -42,12 +42,14 @@ class ToolExecutor:
         sessions: async_sessionmaker[AsyncSession],
         workspaces: Workspaces,
         runner_id: str,
+        launchers: Launchers | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
         self.sessions = sessions
         self.workspaces = workspaces
         self.runner_id = runner_id
+        self.launchers = launchers
 
     async def handle(self, job: ToolCallJob) -> ToolOutcome:
         """Run (or recall) the call and send the outcome to ``job.reply_to``."""
@@ -76,6 +78,7 @@ class ToolExecutor:
                 workspace,
                 network=job.network,
                 timeout_seconds=job.timeout_seconds,
+                launchers=self.launchers,
             )
         except SandboxUnavailable as exc:
             # Fail closed: the tool did not run, and the model is told why.

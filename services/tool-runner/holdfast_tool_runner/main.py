@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 
 from holdfast_tool_runner.consumer import ToolConsumer
 from holdfast_tool_runner.executor import ToolExecutor
-from holdfast_tool_runner.sandbox import probe
+from holdfast_tool_runner.sandbox import launcher_pool, probe
 from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
@@ -59,23 +59,29 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     sessions = session_factory(engine)
     keys = Keys(settings.redis_prefix)
     workspaces = Workspaces(settings.workspaces)
+    found = await probe()
+    # None when the host cannot sandbox: every call then fails closed with the reason.
+    launchers = launcher_pool(spares=settings.sandbox_spares) if found.available else None
     consumer = ToolConsumer(
         redis,
         keys,
-        ToolExecutor(redis, keys, sessions, workspaces, runner_id),
+        ToolExecutor(redis, keys, sessions, workspaces, runner_id, launchers),
         workspaces,
         consumer_name=runner_id,
         concurrency=settings.tool_concurrency,
         claim_idle_ms=int(settings.tool_claim_idle_seconds * 1000),
     )
-    found = await probe()
     log.info(
         "tool-runner %s ready; workspaces in %s; sandbox: %s", runner_id, workspaces.root, found
     )
+    if launchers is not None:
+        launchers.start()
     alive = asyncio.create_task(_stay_alive(redis, keys.runner_alive(runner_id)))
     try:
         await consumer.run(stop)
     finally:
+        if launchers is not None:
+            await launchers.aclose()
         alive.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await alive

@@ -1,21 +1,26 @@
 """The sandbox every process a tool starts runs in: bubblewrap + seccomp + Landlock + limits.
 
-Entry points: ``run_sandboxed`` (one command, one result), ``reap_leftovers`` (the
-turn-end watchdog) and ``probe`` (what this host supports, for /health). Layers and
-their reasons are documented in the module of each: ``bwrap`` (what is visible),
+Entry points: ``run_sandboxed`` (one command, one result), ``launcher_pool`` (a pool
+of processes spawned ahead of the calls, for a runner), ``reap_leftovers`` (the turn-end
+watchdog) and ``probe`` (what this host supports, for /health). Layers and their
+reasons are documented in the module of each: ``bwrap`` (what is visible),
 ``seccomp`` (which syscalls), ``landlock`` (where writes may go), ``limits``
-(resources and the kill switch), ``runner`` (timeouts, output, fail-closed).
+(resources and the kill switch), ``launchers`` (how a call's process starts),
+``runner`` (timeouts, output, fail-closed).
 """
 
+from .launchers import Launchers
 from .policy import SandboxPolicy, SandboxResult, SandboxUnavailable
 from .probe import SandboxProbe, probe
-from .runner import reap_leftovers, run_sandboxed
+from .runner import launcher_pool, reap_leftovers, run_sandboxed
 
 __all__ = [
+    "Launchers",
     "SandboxPolicy",
     "SandboxProbe",
     "SandboxResult",
     "SandboxUnavailable",
+    "launcher_pool",
     "probe",
     "reap_leftovers",
     "run_sandboxed",

@@ -1,9 +1,9 @@
 """Resource limits and the kill switch of one sandboxed call.
 
-Each call gets its own cgroup, joined by the child before it executes bwrap, so
-everything the command starts is inside it:
+Each call gets its own cgroups, joined by its launcher before it executes bwrap
+(launchers.py), so everything the command starts is inside them:
 
-* cgroup v2, under ``<our cgroup>/holdfast-sandbox/<workspace tag>-<random>``. If the
+* cgroup v2, under ``<our cgroup>/holdfast-sandbox/<runner pid>-<random>``. If the
   pids, memory and cpu controllers can be enabled for that subtree, they carry
   ``pids.max``, ``memory.max`` (swap 0, OOM kills the whole group) and ``cpu.max``.
   With or without controllers, ``cgroup.kill`` ends every process of the call at once.
@@ -14,8 +14,9 @@ everything the command starts is inside it:
   We never move the runner ourselves; without controllers the fallbacks below apply.
 * cgroup v1 ``pids`` when v2 cannot bound processes (hybrid hosts mount v2 without
   controllers and the v1 controllers beside it).
-* rlimits, set in the child, for the rest: RLIMIT_AS for memory, RLIMIT_CPU (total
-  CPU seconds, a backstop rather than a rate) for cpu, RLIMIT_NPROC for processes.
+* rlimits, set on the launcher (prlimit) before it executes bwrap, for the rest:
+  RLIMIT_AS for memory, RLIMIT_CPU (total CPU seconds, a backstop rather than a
+  rate) for cpu, RLIMIT_NPROC for processes.
   RLIMIT_NPROC counts every process of the real uid host-wide and is never enforced
   for uid 0, so as root without a pids cgroup there is no way to stop a fork bomb:
   that fails closed. RLIMIT_FSIZE (the disk-fill guard) and RLIMIT_CORE=0 always.
@@ -160,15 +161,28 @@ class Hierarchies:
             kill="cgroup2" if self.v2 else "cgroup1" if self.v1_pids else "session",
         )
 
-    def leaves(self, tag: str) -> Iterator[Cgroup]:
-        """The per-call cgroups of one workspace, including ones left by a dead runner."""
+    def orphans(self) -> Iterator[Cgroup]:
+        """Per-call cgroups whose runner process is gone (it crashed mid-call)."""
         for subtree in (self.v2, self.v1_pids):
             if subtree is None:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 for child in subtree.iterdir():
-                    if child.is_dir() and child.name.startswith(f"{tag}-"):
+                    if child.is_dir() and not _owner_alive(child.name):
                         yield Cgroup(child)
+
+
+def _owner_alive(name: str) -> bool:
+    owner, _, _ = name.partition("-")
+    if not owner.isdigit():
+        return False  # not one of ours as named now: nobody owns it
+    try:
+        os.kill(int(owner), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's (a runner of another uid sharing the subtree)
+    return True
 
 
 def _mounts() -> list[tuple[str, str, str]]:
@@ -241,39 +255,60 @@ def hierarchies() -> Hierarchies:
 
 
 class CallLimits:
-    """The cgroups and rlimits of one call. ``preexec`` runs in the child before exec."""
+    """The cgroups of one call, created empty before its process exists.
 
-    def __init__(self, policy: SandboxPolicy, tag: str, found: Hierarchies) -> None:
+    Named ``<pid of this runner>-<random>``: the workspace is not known yet when a
+    launcher is spawned ahead of its call (and cgroup v2 cannot rename), and the owner's
+    pid is what tells a dead runner's leftovers (``Hierarchies.orphans``).
+    """
+
+    def __init__(self, found: Hierarchies) -> None:
         self.mechanisms = found.mechanisms()
         self.cgroups: list[Cgroup] = []
-        self._join_fds: list[int] = []
-        name = f"{tag}-{secrets.token_hex(6)}"
+        self._controllers: list[frozenset[str]] = []
+        name = f"{os.getpid()}-{secrets.token_hex(6)}"
         try:
             if found.v2 is not None:
-                self._create(Cgroup(found.v2 / name), policy, found.v2_controllers)
+                self._create(Cgroup(found.v2 / name), found.v2_controllers)
             if self.mechanisms.pids == "cgroup1" and found.v1_pids is not None:
-                self._create(Cgroup(found.v1_pids / name), policy, frozenset({"pids"}))
+                self._create(Cgroup(found.v1_pids / name), frozenset({"pids"}))
         except OSError as exc:
             self.discard()
             raise SandboxUnavailable(f"limits: cannot create the call's cgroup: {exc}") from exc
-        self._rlimits = self._plan_rlimits(policy)
 
-    def _create(self, cgroup: Cgroup, policy: SandboxPolicy, controllers: frozenset[str]) -> None:
+    def _create(self, cgroup: Cgroup, controllers: frozenset[str]) -> None:
         cgroup.path.mkdir()
         self.cgroups.append(cgroup)
-        if "pids" in controllers:
-            _write(cgroup.path / "pids.max", str(policy.pids_max))
-        if "memory" in controllers:
-            _write(cgroup.path / "memory.max", str(policy.memory_bytes))
-            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
-                if (cgroup.path / name).exists():
-                    _write(cgroup.path / name, value)
-        if "cpu" in controllers:
-            quota = max(1000, int(policy.cpu_quota * _CPU_PERIOD_US))
-            _write(cgroup.path / "cpu.max", f"{quota} {_CPU_PERIOD_US}")
-        self._join_fds.append(os.open(cgroup.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+        self._controllers.append(controllers)
 
-    def _plan_rlimits(self, policy: SandboxPolicy) -> list[tuple[int, int]]:
+    def join(self, pid: int) -> None:
+        """Move ``pid`` into the call's cgroups.
+
+        Blocks: the kernel takes the cgroup threadgroup lock for writing, which waits for
+        an RCU grace period (10-15 ms unless another move just happened). Run it in a
+        thread, ahead of the call.
+        """
+        for cgroup in self.cgroups:
+            _write(cgroup.path / "cgroup.procs", str(pid))
+
+    def apply(self, policy: SandboxPolicy, pid: int) -> None:
+        """Set the policy's limits on the cgroups and, as rlimits, on ``pid`` (not yet
+        running the command; everything it starts inherits them)."""
+        for cgroup, controllers in zip(self.cgroups, self._controllers, strict=True):
+            if "pids" in controllers:
+                _write(cgroup.path / "pids.max", str(policy.pids_max))
+            if "memory" in controllers:
+                _write(cgroup.path / "memory.max", str(policy.memory_bytes))
+                for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                    if (cgroup.path / name).exists():
+                        _write(cgroup.path / name, value)
+            if "cpu" in controllers:
+                quota = max(1000, int(policy.cpu_quota * _CPU_PERIOD_US))
+                _write(cgroup.path / "cpu.max", f"{quota} {_CPU_PERIOD_US}")
+        for which, limit in self._rlimits(policy):
+            resource.prlimit(pid, which, (limit, limit))
+
+    def _rlimits(self, policy: SandboxPolicy) -> list[tuple[int, int]]:
         plan = [
             (resource.RLIMIT_FSIZE, policy.file_size_bytes),
             (resource.RLIMIT_CORE, 0),
@@ -287,23 +322,6 @@ class CallLimits:
         if self.mechanisms.pids == "rlimit":
             plan.append((resource.RLIMIT_NPROC, policy.pids_max))
         return plan
-
-    def preexec(self) -> None:
-        """In the forked child, before exec of bwrap: join the cgroups, set the rlimits.
-
-        Kept to plain syscalls: the parent may have other threads, so nothing here
-        may take a lock.
-        """
-        for fd in self._join_fds:
-            os.write(fd, b"0")  # "0" moves the writing process
-        for which, value in self._rlimits:
-            resource.setrlimit(which, (value, value))
-
-    def spawned(self) -> None:
-        """The child has the join fds it needed; close the parent's copies."""
-        for fd in self._join_fds:
-            os.close(fd)
-        self._join_fds.clear()
 
     def kill(self) -> None:
         for cgroup in self.cgroups:
@@ -320,13 +338,11 @@ class CallLimits:
 
     async def release(self) -> None:
         """Kill whatever is left and remove the cgroups."""
-        self.spawned()
         for cgroup in self.cgroups:
             await cgroup.remove()
 
     def discard(self) -> None:
-        """Undo a set-up that failed before anything ran."""
-        self.spawned()
+        """Undo a set-up that failed before any process joined."""
         for cgroup in self.cgroups:
             with contextlib.suppress(OSError):
                 cgroup.path.rmdir()

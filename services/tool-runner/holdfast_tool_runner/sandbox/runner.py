@@ -1,8 +1,9 @@
 """Run one command in the sandbox, and clean up after a task's turn.
 
 A call: check the host once (bwrap, perl, Landlock ABI, seccomp program,
-cgroups), create the call's cgroup, spawn ``bwrap ... -- perl shim ... -- argv``
-as a new session whose child joins the cgroup and sets rlimits before exec, read
+cgroups), take a launcher (a process already in the call's own cgroups, spawned
+ahead of the call: launchers.py), set the policy's limits on it and have it
+execute ``bwrap ... -- perl shim ... -- argv`` as a new session, read
 stdout/stderr up to the cap (discarding the rest so the command never blocks on a
 full pipe), and on the wall-clock timeout kill everything: ``cgroup.kill``, the
 session's process group, and bwrap's pid namespace, whose processes the kernel
@@ -13,8 +14,7 @@ nothing ran unsandboxed.
 Leftovers: a process a command leaves in the background dies with the call's pid
 namespace when the command exits. ``reap_leftovers(workspace)`` is the turn-end
 watchdog on top of that: it kills every call still running for that workspace in
-this process and every cgroup tagged with the workspace, including ones left behind
-by a runner that crashed.
+this process and every call cgroup left behind by a runner that crashed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from types import MappingProxyType
 
 from . import bwrap as bw
 from . import landlock, seccomp
+from .launchers import Launcher, Launchers
 from .limits import CallLimits, Hierarchies, hierarchies
 from .policy import SandboxPolicy, SandboxResult, SandboxUnavailable
 
@@ -163,15 +163,6 @@ def _forget(tag: str, call: _Call) -> None:
         _running.pop(tag, None)
 
 
-def _pipe_with(data: bytes) -> int:
-    read_end, write_end = os.pipe()
-    try:
-        os.write(write_end, data)  # small: fits the pipe buffer
-    finally:
-        os.close(write_end)
-    return read_end
-
-
 def _killed_reason(code: int, events: tuple[str, ...]) -> str | None:
     if code < 0:  # bwrap itself was killed (the memory cgroup's OOM takes the group)
         sig = -code
@@ -198,36 +189,45 @@ async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
     stdin.close()
 
 
+def launcher_pool(*, spares: int) -> Launchers:
+    """A pool of ``spares`` launchers for ``run_sandboxed`` on this host (see launchers.py)."""
+    found = host()
+    return Launchers(found.perl, found.cgroups, spares=spares)
+
+
 async def run_sandboxed(
-    argv: list[str], policy: SandboxPolicy, *, stdin: bytes | None = None
+    argv: list[str],
+    policy: SandboxPolicy,
+    *,
+    stdin: bytes | None = None,
+    launchers: Launchers | None = None,
 ) -> SandboxResult:
     """Run ``argv`` in the sandbox described by ``policy`` and report what happened.
 
     The command runs in /workspace (the policy's workspace) with ``stdin`` (or an
     empty stdin), a scrubbed environment, and the policy's limits. Never raises for
     anything the command does; raises SandboxUnavailable, without running anything,
-    if the sandbox cannot be set up.
+    if the sandbox cannot be set up. With ``launchers``, the call starts from a
+    launcher spawned ahead of it; without, it spawns its own first.
     """
     if not argv:
         raise ValueError("argv is empty")
+    if any("\0" in arg for arg in argv):
+        raise ValueError("embedded null byte in the command line")
     found = host()
     workspace = _check_workspace(policy.workspace)
     tag = workspace_tag(workspace)
-    limits = CallLimits(policy, tag, found.cgroups)
-    call = _Call(limits)
+    if launchers is not None:
+        launcher = await launchers.take()
+    else:
+        launcher = await Launcher.spawn(found.perl, CallLimits(found.cgroups))
+    call = _Call(launcher.limits)
+    call.process = launcher.process
     _running.setdefault(tag, set()).add(call)
-    status_read, status_write = os.pipe()
-    child_fds = [status_write]  # the child's copies; ours close once it is spawned
     try:
-        seccomp_fd = seccomp.program_fd(network=policy.network)
-        child_fds.append(seccomp_fd)
-        etc_fds: dict[str, int] = {}
-        for path, data in bw.generated_etc().items():
-            etc_fds[path] = _pipe_with(data)
-            child_fds.append(etc_fds[path])
         inner = landlock.shim_command(
             perl=found.perl,
-            status_fd=status_write,
+            status_fd=launcher.status_fd,
             abi=found.landlock_abi,
             deny_tcp=not policy.network,
             read_paths=bw.READ_PATHS,
@@ -239,40 +239,24 @@ async def run_sandboxed(
             found.bwrap,
             policy,
             workspace,
-            seccomp_fd=seccomp_fd,
-            etc_fds=etc_fds,
+            seccomp_fd=launcher.seccomp_fd(network=policy.network),
+            etc_fds=launcher.etc_fds,
             devices=found.private_devices,
             command=inner,
         )
         started = time.monotonic()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *args,
-                # Always a pipe, never the host's /dev/null: an inherited host inode
-                # could be fchmod-ed by the sandbox (see bwrap.py).
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=child_fds,
-                preexec_fn=limits.preexec,
-                start_new_session=True,
-                env={"PATH": "/usr/bin:/bin"},
-            )
-        except (OSError, subprocess.SubprocessError) as exc:  # preexec_fn failed: the latter
-            raise SandboxUnavailable(f"cannot start bwrap: {exc}") from exc
+        await launcher.launch(policy, args)
     except BaseException:
         _forget(tag, call)
-        os.close(status_read)
-        limits.discard()
+        await launcher.discard()
+        if launchers is not None:
+            launchers.refill()
         raise
-    finally:
-        for fd in child_fds:
-            os.close(fd)
-    limits.spawned()
+    process = launcher.process
+    status_read = launcher.status_read
     os.set_blocking(status_read, False)
 
-    call.process = process
-    if call.reaped:  # reaped while spawning, perhaps before the child joined its cgroup
+    if call.reaped:  # reaped while launching
         call.kill()
     out, err = _Capture(policy.max_output_bytes), _Capture(policy.max_output_bytes)
     assert process.stdout is not None and process.stderr is not None and process.stdin
@@ -299,9 +283,11 @@ async def run_sandboxed(
         for task in pending:  # only if something outside the sandbox holds a pipe
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        events = limits.events()
-        await limits.release()
+        events = call.limits.events()
+        await call.limits.release()
         _forget(tag, call)
+        if launchers is not None:
+            launchers.refill()
         try:
             status = os.read(status_read, 4096)
         except BlockingIOError:
@@ -327,7 +313,7 @@ async def run_sandboxed(
         killed_reason=reason,
         duration_ms=duration_ms,
         limit_events=events,
-        mechanisms=MappingProxyType(limits.mechanisms.as_dict()),
+        mechanisms=MappingProxyType(call.limits.mechanisms.as_dict()),
     )
 
 
@@ -335,21 +321,20 @@ async def reap_leftovers(workspace: Path) -> int:
     """Turn-end watchdog: kill everything still running for ``workspace``.
 
     Kills the calls this process is running for it (they return with
-    ``killed_reason="reaped"``) and every cgroup tagged with the workspace, which also
-    covers calls started by a runner process that has since died. Returns how many
-    calls or cgroups it found.
+    ``killed_reason="reaped"``) and every call cgroup left by a runner process that
+    has since died, whatever its workspace (a call's cgroups are named after the
+    runner, not the workspace: see limits.py). Returns how many calls or cgroups it
+    found.
     """
     tag = workspace_tag(await asyncio.to_thread(workspace.resolve))
     calls = list(_running.get(tag, ()))
-    owned: set[Path] = set()
     for call in calls:
         call.reaped = True
         call.kill()
-        owned.update(c.path for c in call.limits.cgroups)
     try:
-        leaves = list(host().cgroups.leaves(tag))
+        orphans = list(host().cgroups.orphans())
     except SandboxUnavailable:
-        leaves = []
-    for cgroup in leaves:
+        orphans = []
+    for cgroup in orphans:
         await cgroup.remove()
-    return len(calls) + len([c for c in leaves if c.path not in owned])
+    return len(calls) + len(orphans)
