@@ -25,6 +25,7 @@ from holdfast_tool_runner.sandbox import (
     reap_leftovers,
     run_sandboxed,
 )
+from holdfast_tool_runner.sandbox import launchers as launchers_module
 from holdfast_tool_runner.sandbox.runner import Host
 
 from .conftest import PolicyFactory, Workspaces
@@ -183,3 +184,14 @@ async def test_spares_of_a_dead_runner_exit_and_are_reaped(
     await until(lambda: not any(alive(pid) for pid in pids))
     assert await reap_leftovers(workspaces.mine) >= len(left)
     assert not any(path.exists() for path in left)
+
+
+@pytest.mark.parametrize("name", ["launcher.pl", "landlock_shim.pl"])
+async def test_perl_programs_compile_under_strict(name: str, sandbox_host: Host) -> None:
+    # They load no module at run time (strict.pm alone costs ~1 ms per call).
+    source = Path(launchers_module.__file__).with_name(name)
+    proc = await asyncio.create_subprocess_exec(
+        sandbox_host.perl, "-Mstrict", "-c", str(source), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 0 and b"syntax OK" in err, err.decode()
