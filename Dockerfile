@@ -2,9 +2,10 @@
 #   docker run holdfast gateway | loop-worker | tool-runner | learning | migrate
 FROM python:3.11-slim
 
-# bubblewrap and libseccomp: the tool-runner's sandbox.
+# bubblewrap and libseccomp: the tool-runner's sandbox; slirp4netns: the network of a
+# sandbox allowed one (its own namespace; needs /dev/net/tun, see compose.yaml).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap libseccomp2 \
+    && apt-get install -y --no-install-recommends bubblewrap libseccomp2 slirp4netns \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/

@@ -286,3 +286,19 @@ async def test_the_model_asks_the_user_and_the_answer_is_the_result(
     }
     assert "teal" in got.text
     assert got.events[-1]["phase"] == "completed"
+
+
+async def test_health_lists_the_tool_runners_and_their_sandbox(engine: EngineProcesses) -> None:
+    async with httpx.AsyncClient(timeout=10) as client:
+        for _ in range(100):  # the runner announces itself once its probe has run
+            runners = (await client.get(f"{engine.url}/health")).json()["subsystems"].get(
+                "tool_runners", {}
+            )
+            if runners:
+                break
+            await asyncio.sleep(0.1)
+    assert len(runners) >= 1
+    for report in runners.values():
+        assert report["available"] is True, report
+        assert report["network"] in ("slirp4netns", "host")
+        assert set(report["limits"]) == {"pids", "memory", "cpu", "file_size", "kill"}

@@ -44,12 +44,18 @@ class Keys:
         """Sorted set: model providers some live loop-worker can run, scored by expiry (ms)."""
         return f"{self.prefix}providers"
 
+    @property
+    def runners(self) -> str:
+        """Sorted set: live tool-runner ids, scored by when their liveness lapses (ms)."""
+        return f"{self.prefix}runners"
+
     def worker_inbox(self, worker_id: str) -> str:
         """A loop-worker's inbox: tool results and HITL answers for its turns."""
         return f"{self.prefix}worker:{worker_id}:inbox"
 
     def runner_alive(self, runner_id: str) -> str:
-        """Present while the tool-runner ``runner_id`` lives (refreshed, short TTL)."""
+        """Present while the tool-runner ``runner_id`` lives (refreshed, short TTL); its
+        sandbox probe as JSON."""
         return f"{self.prefix}runner:{runner_id}:alive"
 
     def gateway_wake(self, gateway_id: str) -> str:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from holdfast_tool_runner.sandbox import SandboxPolicy, SandboxUnavailable
+from holdfast_tool_runner.sandbox import SandboxPolicy, SandboxUnavailable, network
 from holdfast_tool_runner.sandbox.runner import Host, host
 
 
@@ -23,6 +23,13 @@ def sandbox_host() -> Host:
         return host()
     except SandboxUnavailable as exc:
         pytest.fail(f"this host cannot run the sandbox: {exc}")
+
+
+@pytest.fixture(autouse=True)
+async def _slirp_settled() -> AsyncIterator[None]:
+    # A call returns before its slirp4netns has exited; not before this test ends.
+    yield
+    await network.settle()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -85,28 +86,87 @@ async def test_no_inherited_descriptors(policy: PolicyFactory) -> None:
     assert result.stdout.strip() == "[0, 1, 2, 3]"  # 3: the listing itself
 
 
-async def test_network_when_the_policy_allows_it(policy: PolicyFactory) -> None:
+def _outbound_address() -> str | None:
+    """This host's address on its default route (no packet is sent), if it has one."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.254", 9))
+        address: str = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+async def _pong_server(host: str) -> tuple[asyncio.Server, int]:
     async def pong(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if await reader.readline() == b"ping\n":
             writer.write(b"pong\n")
             await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(pong, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server = await asyncio.start_server(pong, host, 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def _ping(host: str, port: int) -> list[str]:
     script = (
         "import socket\n"
-        f"s = socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
-        "s.sendall(b'ping\\n'); print(s.makefile().readline().strip())"
+        "try:\n"
+        f"    s = socket.create_connection(({host!r}, {port}), timeout=3)\n"
+        "    s.sendall(b'ping\\n'); print(s.makefile().readline().strip())\n"
+        "except OSError as exc:\n"
+        "    print(type(exc).__name__); raise SystemExit(1)\n"
     )
+    return ["python3", "-c", script]
+
+
+async def test_network_when_the_policy_allows_it(policy: PolicyFactory) -> None:
+    address = _outbound_address()
+    if address is None:
+        pytest.skip("this host has no address besides loopback to reach")
+    server, port = await _pong_server(address)
     try:
-        allowed = await run_sandboxed(["python3", "-c", script], policy(network=True))
-        denied = await run_sandboxed(["python3", "-c", script], policy())
+        allowed = await run_sandboxed(_ping(address, port), policy(network=True))
+        denied = await run_sandboxed(_ping(address, port), policy())
     finally:
         server.close()
         await server.wait_closed()
     assert allowed.ok and allowed.stdout == "pong\n", allowed
-    assert denied.exit_code == 1 and "PermissionError" in denied.stderr
+    assert denied.exit_code == 1 and denied.stdout == "PermissionError\n"
+
+
+async def test_network_never_reaches_the_hosts_loopback(
+    policy: PolicyFactory, sandbox_host: Host
+) -> None:
+    # The engine's Redis, PostgreSQL and gateway listen there; behind slirp4netns the
+    # sandbox's 127.0.0.1 is its own and the host's (10.0.2.2) is refused.
+    if sandbox_host.slirp4netns is None:
+        pytest.skip("no slirp4netns: a sandbox with network shares the host's (README)")
+    server, port = await _pong_server("127.0.0.1")
+    try:
+        own = await run_sandboxed(_ping("127.0.0.1", port), policy(network=True))
+        gateway = await run_sandboxed(_ping("10.0.2.2", port), policy(network=True))
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert own.exit_code == 1 and own.stdout == "ConnectionRefusedError\n", own
+    assert gateway.exit_code == 1 and gateway.stdout != "pong\n", gateway
+    assert own.mechanisms["network"] == "slirp4netns"
+
+
+async def test_network_sandbox_has_slirps_interface_and_resolver(
+    policy: PolicyFactory, sandbox_host: Host
+) -> None:
+    if sandbox_host.slirp4netns is None:
+        pytest.skip("no slirp4netns")
+    result = await run_sandboxed(
+        ["sh", "-c", "cat /etc/resolv.conf; grep -c tap0: /proc/net/dev"],
+        policy(network=True),
+    )
+    assert result.ok, result
+    assert result.stdout == "nameserver 10.0.2.3\n1\n"
 
 
 async def test_command_not_found_is_the_commands_failure(policy: PolicyFactory) -> None:
@@ -121,6 +181,7 @@ async def test_probe() -> None:
     assert found.seccomp and found.user_namespaces and found.bwrap_version
     assert found.landlock_abi >= 1
     assert set(found.limits) == {"pids", "memory", "cpu", "file_size", "kill"}
+    assert found.network == ("slirp4netns" if shutil.which("slirp4netns") else "host")
 
 
 # -- failing closed ------------------------------------------------------------------

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 
+from holdfast_shared import runners
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
 from holdfast_shared.logs import configure_logging
@@ -28,22 +29,20 @@ from redis.asyncio import Redis
 
 from holdfast_tool_runner.consumer import ToolConsumer
 from holdfast_tool_runner.executor import ToolExecutor
-from holdfast_tool_runner.sandbox import launcher_pool, probe
+from holdfast_tool_runner.sandbox import SandboxProbe, launcher_pool, probe
 from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
 
-ALIVE_TTL_SECONDS = 6
 
-
-async def _stay_alive(redis: Redis, key: str) -> None:
+async def _stay_alive(redis: Redis, keys: Keys, runner_id: str, sandbox: SandboxProbe) -> None:
     """Keep this runner's liveness key, so others can tell a dead runner's calls."""
     while True:
         try:
-            await redis.set(key, "1", ex=ALIVE_TTL_SECONDS)
+            await runners.announce(redis, keys, runner_id, sandbox.as_dict())
         except Exception:
             log.warning("could not refresh the liveness key; retrying", exc_info=True)
-        await asyncio.sleep(ALIVE_TTL_SECONDS / 3)
+        await asyncio.sleep(runners.ALIVE_TTL_SECONDS / 3)
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -76,7 +75,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     )
     if launchers is not None:
         launchers.start()
-    alive = asyncio.create_task(_stay_alive(redis, keys.runner_alive(runner_id)))
+    alive = asyncio.create_task(_stay_alive(redis, keys, runner_id, found))
     try:
         await consumer.run(stop)
     finally:
@@ -85,7 +84,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         alive.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await alive
-        await redis.delete(keys.runner_alive(runner_id))
+        await runners.withdraw(redis, keys, runner_id)
         await redis.aclose()
         await engine.dispose()
     log.info("tool-runner stopped")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from holdfast_shared.runners import live_runners
 from sqlalchemy import text
 
 from holdfast_gateway.deps import StateDep
@@ -34,9 +36,16 @@ async def health(state: StateDep) -> JSONResponse:
 
     redis, postgres = await asyncio.gather(_probe(state.redis.ping()), _probe(pg()))
     ok = redis["status"] == "ok" and postgres["status"] == "ok"
+    subsystems: dict[str, Any] = {"redis": redis, "postgres": postgres, "fanout": state.hub.stats}
+    if redis["status"] == "ok":
+        # What each live tool-runner's sandbox can do; tools fail closed where it cannot.
+        with contextlib.suppress(Exception):
+            subsystems["tool_runners"] = await asyncio.wait_for(
+                live_runners(state.redis, state.keys), _PROBE_TIMEOUT
+            )
     body = {
         "status": "ok" if ok else "degraded",
         "uptime_seconds": round(time.monotonic() - state.started_at, 3),
-        "subsystems": {"redis": redis, "postgres": postgres, "fanout": state.hub.stats},
+        "subsystems": subsystems,
     }
     return JSONResponse(body, status_code=200 if ok else 503)

@@ -7,8 +7,9 @@ a fresh /proc for a new pid namespace; a minimal /dev; private tmpfs /tmp and
 /dev/shm of a fixed size; and the task's workspace at /workspace, the only writable
 host directory and the working directory. The root itself is remounted read-only.
 
-Every namespace is new (``--unshare-all``); the network namespace is shared only
-when the policy allows the network. The environment is cleared and replaced by
+Every namespace is new (``--unshare-all``). When the policy allows the network, the
+sandbox keeps its own network namespace, connected by slirp4netns (network.py),
+or shares the host's where slirp4netns is not installed. The environment is cleared and replaced by
 ``ENV``. No host directory other than the workspace is mounted, so the engine's
 config, data, virtualenv, sockets (Redis, PostgreSQL) and other tasks' workspaces
 do not exist inside.
@@ -56,7 +57,7 @@ _ETC_FROM_HOST = (
     "ssl/certs",  # never all of /etc/ssl: /etc/ssl/private holds keys
     "ssl/openssl.cnf",
 )
-_ETC_FOR_NETWORK = ("resolv.conf", "gai.conf", "host.conf")
+_ETC_FOR_NETWORK = ("gai.conf", "host.conf")
 
 DEVICES = {
     "null": (1, 3),
@@ -135,15 +136,23 @@ def bwrap_argv(
     etc_fds: Mapping[str, int],
     devices: Path | None,
     command: Sequence[str],
+    uplink_fds: tuple[int, int] | None = None,
 ) -> list[str]:
     """The full argv: bwrap, its options, ``--``, then ``command`` (run inside).
 
     ``etc_fds`` maps in-sandbox paths to pipes holding their content (``--file``);
     ``devices`` is the directory of private device nodes, or None to keep bwrap's.
+    With the policy's network: ``uplink_fds`` (info, block) keep the sandbox's own
+    network namespace for slirp4netns to connect (network.py); without them it shares
+    the host's.
     """
     args = [bwrap, "--unshare-all"]
     if policy.network:
-        args.append("--share-net")
+        if uplink_fds is None:
+            args.append("--share-net")
+        else:
+            info_fd, block_fd = uplink_fds
+            args += ["--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     args += [
         "--unshare-user",
         "--disable-userns",  # and seccomp refuses unshare/clone(CLONE_NEW*) as well
@@ -162,7 +171,11 @@ def bwrap_argv(
     for name, value in ENV.items():
         args += ["--setenv", name, value]
     args += _root_dirs()
-    etc = list(_ETC_FROM_HOST) + (list(_ETC_FOR_NETWORK) if policy.network else [])
+    etc = list(_ETC_FROM_HOST)
+    if policy.network:
+        etc += _ETC_FOR_NETWORK
+        if uplink_fds is None:  # the host's network, the host's resolvers
+            etc.append("resolv.conf")
     for name in etc:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for path, fd in etc_fds.items():

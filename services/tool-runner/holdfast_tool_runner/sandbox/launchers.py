@@ -35,10 +35,11 @@ import fcntl
 import logging
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import bwrap as bw
-from . import seccomp
+from . import network, seccomp
 from .limits import CallLimits, Hierarchies
 from .policy import SandboxPolicy, SandboxUnavailable
 
@@ -66,46 +67,83 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+@dataclass(frozen=True)
+class ChildFds:
+    """The fds a launcher inherits, by number in the launcher (and then in bwrap)."""
+
+    status: int  # the Landlock shim's report
+    seccomp: dict[bool, int]  # the filter program, by whether the network is allowed
+    etc: dict[str, int]  # generated /etc files, by in-sandbox path
+    resolv_conf: int  # /etc/resolv.conf for a sandbox behind slirp4netns
+    info: int  # bwrap --info-fd: where it reports the sandbox's pid
+    block: int  # bwrap --block-fd: holds the command until the network is up
+
+    def all(self) -> set[int]:
+        return {
+            self.status,
+            *self.seccomp.values(),
+            *self.etc.values(),
+            self.resolv_conf,
+            self.info,
+            self.block,
+        }
+
+
 class Launcher:
-    """One spawned launcher, in its own cgroups, waiting for its command line."""
+    """One spawned launcher, in its own cgroups, waiting for its command line.
+
+    ``child`` names the fds it holds for bwrap; ours are the other ends of its pipes:
+    ``status_read``, ``info_read``, ``block_write``.
+    """
 
     def __init__(
         self,
         process: asyncio.subprocess.Process,
         limits: CallLimits,
+        child: ChildFds,
         *,
         control: int,
         status_read: int,
-        status_fd: int,
-        seccomp_fds: dict[bool, int],
-        etc_fds: dict[str, int],
+        info_read: int,
+        block_write: int,
     ) -> None:
         self.process = process
         self.limits = limits
-        self.status_read = status_read  # ours; the others are fd numbers in the launcher
-        self.status_fd = status_fd
-        self.etc_fds = etc_fds
-        self._seccomp_fds = seccomp_fds
+        self.child = child
+        self.status_read = status_read
+        self.info_read = info_read
+        self.block_write = block_write
         self._control: int | None = control
 
     @classmethod
     async def spawn(cls, perl: str, limits: CallLimits) -> Launcher:
         """Start a launcher and move it into ``limits``' cgroups (which it then owns)."""
-        ours: list[int] = []
-        theirs: list[int] = []
+        made: list[int] = []  # closed if the spawn fails
+
+        def track(fd: int) -> int:
+            made.append(fd)
+            return fd
+
+        def pipe() -> tuple[int, int]:
+            read_end, write_end = os.pipe()
+            return track(read_end), track(write_end)
+
         try:
-            control_read, control = os.pipe()
-            ours.append(control)
-            theirs.append(control_read)
+            control_read, control = pipe()
             with contextlib.suppress(OSError):  # a smaller pipe is only slower for huge calls
                 fcntl.fcntl(control, fcntl.F_SETPIPE_SZ, _CONTROL_PIPE_BYTES)
-            status_read, status_fd = os.pipe()
-            ours.append(status_read)
-            theirs.append(status_fd)
-            seccomp_fds = {net: seccomp.program_fd(network=net) for net in (False, True)}
-            theirs.extend(seccomp_fds.values())
-            etc_fds = {path: _pipe_with(data) for path, data in bw.generated_etc().items()}
-            theirs.extend(etc_fds.values())
+            status_read, status_write = pipe()
+            info_read, info_write = pipe()
+            block_read, block_write = pipe()
+            child = ChildFds(
+                status=status_write,
+                seccomp={net: track(seccomp.program_fd(network=net)) for net in (False, True)},
+                etc={path: track(_pipe_with(data)) for path, data in bw.generated_etc().items()},
+                resolv_conf=track(_pipe_with(network.RESOLV_CONF)),
+                info=info_write,
+                block=block_read,
+            )
+            theirs = [control_read, *child.all()]
             process = await asyncio.create_subprocess_exec(
                 perl,
                 "-e",
@@ -121,23 +159,22 @@ class Launcher:
                 env={"PATH": "/usr/bin:/bin"},
             )
         except BaseException as exc:
-            for fd in ours:
+            for fd in made:
                 os.close(fd)
             limits.discard()
             if isinstance(exc, OSError):
                 raise SandboxUnavailable(f"cannot start the sandbox launcher: {exc}") from exc
             raise
-        finally:
-            for fd in theirs:
-                os.close(fd)
+        for fd in theirs:  # the launcher has its own copies
+            os.close(fd)
         launcher = cls(
             process,
             limits,
+            child,
             control=control,
             status_read=status_read,
-            status_fd=status_fd,
-            seccomp_fds=seccomp_fds,
-            etc_fds=etc_fds,
+            info_read=info_read,
+            block_write=block_write,
         )
         joining = asyncio.ensure_future(asyncio.to_thread(limits.join, process.pid))
         try:
@@ -156,17 +193,15 @@ class Launcher:
     def alive(self) -> bool:
         return self.process.returncode is None and self._control is not None
 
-    def seccomp_fd(self, *, network: bool) -> int:
-        return self._seccomp_fds[network]
-
-    async def launch(self, policy: SandboxPolicy, argv: list[str]) -> None:
-        """Apply ``policy``'s limits and execute ``argv`` (bwrap's) in the launcher."""
+    async def launch(self, policy: SandboxPolicy, argv: list[str], uses: set[int]) -> None:
+        """Apply ``policy``'s limits and execute ``argv`` (bwrap's) in the launcher,
+        which first closes the fds of ``child`` not in ``uses``."""
         if any("\0" in arg for arg in argv):
             raise ValueError("embedded null byte in the command line")
         if self._control is None:
             raise SandboxUnavailable("sandbox launcher already used")
         self.limits.apply(policy, self.process.pid)
-        unused = str(self._seccomp_fds[not policy.network])
+        unused = ",".join(str(fd) for fd in sorted(self.child.all() - uses))
         message = b"".join(f.encode() + b"\0" for f in (unused, *argv, "END"))
         control, self._control = self._control, None
         try:
@@ -178,6 +213,14 @@ class Launcher:
             raise SandboxUnavailable(f"sandbox launcher gone: {exc}") from exc
         finally:
             os.close(control)
+
+    def close_ours(self) -> None:
+        """Close our ends of the call's pipes (after the call, or when discarding)."""
+        for name in ("status_read", "info_read", "block_write"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
 
     async def discard(self) -> None:
         """Stop a launcher that will not be used (or whose call failed before it ran)."""
@@ -192,8 +235,7 @@ class Launcher:
                 os.kill(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.process.communicate(), _EXIT_GRACE_SECONDS)
-        with contextlib.suppress(OSError):
-            os.close(self.status_read)
+        self.close_ours()
         await self.limits.release()
 
 
@@ -267,6 +309,7 @@ class Launchers:
                 await self._filler
         while self._ready:
             await self._ready.popleft().discard()
+        await network.settle()
 
     async def __aenter__(self) -> Launchers:
         self.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from . import landlock, seccomp
+from . import landlock, network, seccomp
 from .limits import hierarchies
 from .policy import SandboxPolicy, SandboxUnavailable
 from .runner import run_sandboxed
@@ -30,6 +31,9 @@ class SandboxProbe:
     cgroup2: bool
     cgroup2_controllers: tuple[str, ...]
     limits: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Where a sandbox with network goes: "slirp4netns" (its own namespace, the host's
+    # loopback refused) or "host" (slirp4netns not installed: the host's namespace).
+    network: str = "host"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -42,6 +46,7 @@ class SandboxProbe:
             "cgroup2": self.cgroup2,
             "cgroup2_controllers": list(self.cgroup2_controllers),
             "limits": dict(self.limits),
+            "network": self.network,
         }
 
 
@@ -85,6 +90,7 @@ async def probe() -> SandboxProbe:
         limits = {}
         problems.append(str(exc))
 
+    slirp = network.slirp4netns()
     # A workspace whose parent is closed to other users, as run_sandboxed requires.
     parent = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="holdfast-probe-"))
     try:
@@ -94,6 +100,10 @@ async def probe() -> SandboxProbe:
         result = await run_sandboxed(["true"], policy)
         if result.exit_code != 0:
             problems.append(f"sandboxed `true` failed: {result.stderr.strip()}")
+        if slirp is not None:
+            online = await run_sandboxed(["true"], dataclasses.replace(policy, network=True))
+            if online.exit_code != 0:
+                problems.append(f"sandboxed `true` with network failed: {online.stderr.strip()}")
     except SandboxUnavailable as exc:
         problems.append(str(exc))
     finally:
@@ -109,4 +119,5 @@ async def probe() -> SandboxProbe:
         cgroup2=cgroups.v2 is not None,
         cgroup2_controllers=tuple(sorted(cgroups.v2_controllers)),
         limits=MappingProxyType(limits),
+        network="slirp4netns" if slirp else "host",
     )

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from . import bwrap as bw
-from . import landlock, seccomp
+from . import landlock, network, seccomp
 from .launchers import Launcher, Launchers
 from .limits import CallLimits, Hierarchies, hierarchies
 from .policy import SandboxPolicy, SandboxResult, SandboxUnavailable
@@ -52,6 +52,7 @@ class Host:
     landlock_abi: int
     cgroups: Hierarchies
     private_devices: Path | None
+    slirp4netns: str | None = None  # None: a sandbox with network shares the host's
 
 
 @functools.cache
@@ -69,17 +70,23 @@ def _host() -> Host:
         abi = landlock.kernel_abi()
     except OSError as exc:
         raise SandboxUnavailable(f"landlock: cannot query the kernel: {exc}") from exc
-    for network in (False, True):
-        seccomp.filter_program(network=network)
+    for allowed in (False, True):
+        seccomp.filter_program(network=allowed)
     found_cgroups = hierarchies()
     found_cgroups.mechanisms()  # fails closed if processes cannot be bounded
     devices = bw.private_devices() if os.geteuid() == 0 else None
-    return Host(found, landlock.PERL, abi, found_cgroups, devices)
+    return Host(found, landlock.PERL, abi, found_cgroups, devices, network.slirp4netns())
 
 
 def host() -> Host:
     """The host's sandbox facilities; raises SandboxUnavailable naming what is missing."""
     return _host()
+
+
+def _network_mode(policy: SandboxPolicy, found: Host) -> str:
+    if not policy.network:
+        return "none"
+    return "slirp4netns" if found.slirp4netns else "host"
 
 
 def workspace_tag(workspace: Path) -> str:
@@ -224,10 +231,18 @@ async def run_sandboxed(
     call = _Call(launcher.limits)
     call.process = launcher.process
     _running.setdefault(tag, set()).add(call)
+    child = launcher.child
+    isolated = policy.network and found.slirp4netns is not None
+    uses = {child.status, child.seccomp[policy.network], *child.etc.values()}
+    etc_fds = dict(child.etc)
+    if isolated:
+        uses |= {child.info, child.block, child.resolv_conf}
+        etc_fds["/etc/resolv.conf"] = child.resolv_conf
+    uplink: network.Uplink | None = None
     try:
         inner = landlock.shim_command(
             perl=found.perl,
-            status_fd=launcher.status_fd,
+            status_fd=child.status,
             abi=found.landlock_abi,
             deny_tcp=not policy.network,
             read_paths=bw.READ_PATHS,
@@ -239,13 +254,19 @@ async def run_sandboxed(
             found.bwrap,
             policy,
             workspace,
-            seccomp_fd=launcher.seccomp_fd(network=policy.network),
-            etc_fds=launcher.etc_fds,
+            seccomp_fd=child.seccomp[policy.network],
+            etc_fds=etc_fds,
             devices=found.private_devices,
             command=inner,
+            uplink_fds=(child.info, child.block) if isolated else None,
         )
         started = time.monotonic()
-        await launcher.launch(policy, args)
+        await launcher.launch(policy, args, uses)
+        if isolated:
+            assert found.slirp4netns is not None
+            uplink = await network.Uplink.connect(
+                found.slirp4netns, launcher.info_read, launcher.block_write
+            )
     except BaseException:
         _forget(tag, call)
         await launcher.discard()
@@ -283,6 +304,8 @@ async def run_sandboxed(
         for task in pending:  # only if something outside the sandbox holds a pipe
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        if uplink is not None:
+            uplink.close()
         events = call.limits.events()
         await call.limits.release()
         _forget(tag, call)
@@ -292,7 +315,7 @@ async def run_sandboxed(
             status = os.read(status_read, 4096)
         except BlockingIOError:
             status = b""
-        os.close(status_read)
+        launcher.close_ours()
 
     code = process.returncode
     if call.reaped:
@@ -313,7 +336,9 @@ async def run_sandboxed(
         killed_reason=reason,
         duration_ms=duration_ms,
         limit_events=events,
-        mechanisms=MappingProxyType(call.limits.mechanisms.as_dict()),
+        mechanisms=MappingProxyType(
+            {**call.limits.mechanisms.as_dict(), "network": _network_mode(policy, found)}
+        ),
     )
 
 

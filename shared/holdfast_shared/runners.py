@@ -1,0 +1,54 @@
+"""Which tool-runners are alive, and what their sandbox can do.
+
+Each tool-runner keeps ``Keys.runner_alive(id)`` (short TTL, its sandbox probe as
+JSON) and its id in ``Keys.runners`` (scored by when that lapses). Others read the
+first to tell a dead runner's calls; ``GET /health`` lists the second.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from holdfast_shared.keys import Keys
+
+ALIVE_TTL_SECONDS = 6
+
+
+async def announce(redis: Redis, keys: Keys, runner_id: str, sandbox: dict[str, Any]) -> None:
+    """Say (again) that ``runner_id`` lives, with what its sandbox can do."""
+    expires = int((time.time() + ALIVE_TTL_SECONDS) * 1000)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(keys.runner_alive(runner_id), json.dumps(sandbox), ex=ALIVE_TTL_SECONDS)
+        pipe.zadd(keys.runners, {runner_id: expires})
+        await pipe.execute()
+
+
+async def withdraw(redis: Redis, keys: Keys, runner_id: str) -> None:
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.runner_alive(runner_id))
+        pipe.zrem(keys.runners, runner_id)
+        await pipe.execute()
+
+
+async def live_runners(redis: Redis, keys: Keys) -> dict[str, dict[str, Any]]:
+    """Every live tool-runner's sandbox report, by runner id."""
+    now = int(time.time() * 1000)
+    await redis.zremrangebyscore(keys.runners, "-inf", now)
+    ids = [str(i) for i in await redis.zrange(keys.runners, 0, -1)]
+    if not ids:
+        return {}
+    reports = await redis.mget([keys.runner_alive(i) for i in ids])
+    out: dict[str, dict[str, Any]] = {}
+    for runner_id, raw in zip(ids, reports, strict=True):
+        if raw is None:
+            continue
+        try:
+            report = json.loads(raw)
+        except ValueError:
+            report = {}
+        out[runner_id] = report if isinstance(report, dict) else {}
+    return out
