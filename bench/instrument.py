@@ -88,16 +88,13 @@ def _wrap(
 def _install_worker() -> None:
     from holdfast_loop_worker import toolcalls, turn
     from holdfast_loop_worker.emitter import Emitter
-    from holdfast_loop_worker.state import Snapshots
     from holdfast_shared.eventlog import EventLog
 
     runner = turn.TurnRunner
     _wrap(runner, "_snapshot", "snapshot", lambda self, *a, **k: self.job.turn_id, outer=True)
     _wrap(Emitter, "drain", "snapshot.drain", lambda *a, **k: None, only_inside="snapshot")
-    _wrap(Snapshots, "save", "snapshot.save", lambda *a, **k: None, only_inside="snapshot")
-    # Since b4116d3 a snapshot first copies the task's events to PostgreSQL.
-    _wrap(EventLog, "archive_now", "snapshot.archive", lambda *a, **k: None, only_inside="snapshot")
-    _wrap(runner, "_store", "store", lambda self, *a, **k: self.job.turn_id)
+    # One transaction: the task's unarchived events, the step's message, the state.
+    _wrap(EventLog, "archive_now", "snapshot.write", lambda *a, **k: None, only_inside="snapshot")
     _wrap(runner, "_model_step", "model_step", lambda self, *a, **k: self.job.turn_id)
     _wrap(runner, "_announce_resume", "announce_resume", lambda self, *a, **k: self.job.turn_id)
     _wrap(runner, "run", "turn", lambda self, *a, **k: self.job.turn_id)

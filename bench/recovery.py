@@ -15,7 +15,8 @@
   state, through the worker's own engine settings) timed directly against
   the bench database; and, inside instrumented loop-workers
   (``bench.instrument``), every ``TurnRunner._snapshot``: the emitter drain
-  plus the save, as a turn pays it at each iteration boundary.
+  plus the one transaction that writes the task's unarchived events, the
+  step's message and the state, as a turn pays it at each iteration boundary.
 """
 
 from __future__ import annotations

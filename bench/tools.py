@@ -182,8 +182,8 @@ async def exec_rate(workspaces: list[Path], seconds: float) -> ExecRate:
 # Segments of tool_call (client) → tool_result (client), in order; they add up
 # to the whole. Names are shown in the table's detail column.
 SEGMENTS = (
-    ("worker: store + snapshot after the model call", "to_tool_run"),
-    ("worker: stored-check + XADD → runner picks the job", "to_runner"),
+    ("worker: snapshot after the model call", "to_tool_run"),
+    ("worker: XADD → runner picks the job", "to_runner"),
     ("runner: claim row + workspace", "to_sandbox"),
     ("sandboxed exec (bash -c true)", "sandbox"),
     ("runner: complete row + XADD reply → worker has it", "after_sandbox"),
@@ -194,9 +194,7 @@ SEGMENTS = (
 # Single steps inside those segments (each one PostgreSQL transaction but the
 # XADD), by span: (label, span, key kind).
 STEPS = (
-    ("store the assistant message", "store", "turn"),
-    ("snapshot: archive_now", "snapshot.archive", "turn"),
-    ("snapshot: save", "snapshot.save", "turn"),
+    ("snapshot: events + message + state", "snapshot.write", "turn"),
     ("stored-check", "tool.stored", "call"),
     ("runner claim", "runner.claim", "call"),
     ("runner complete", "runner.complete", "call"),

@@ -89,3 +89,44 @@ async def test_archiving_twice_writes_each_event_once(eventlog: EventLog, sessio
             await session.scalars(select(EventRecord.seq).where(EventRecord.task_id == t))
         ).all()
     assert sorted(seqs) == [1, 2]
+
+
+async def test_archive_now_commits_its_companion_with_the_events(
+    eventlog: EventLog, sessions
+) -> None:
+    # A snapshot is written in the transaction that archives the events it covers:
+    # if it fails, those events are not marked archived either, and a retry has both.
+    t = task()
+    await eventlog.append(t, None, [TextDelta(text="a"), TextDelta(text="b")], new_task=True)
+
+    async def failing(session) -> None:
+        raise RuntimeError("the snapshot could not be written")
+
+    try:
+        await eventlog.archive_now(t, also=failing)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the companion's failure was swallowed")
+
+    async def seqs() -> list[int]:
+        async with sessions() as session:
+            rows = await session.scalars(select(EventRecord.seq).where(EventRecord.task_id == t))
+            return sorted(rows.all())
+
+    assert await seqs() == []
+    assert await eventlog.redis.get(eventlog.keys.archived(t)) is None
+
+    ran: list[int] = []
+
+    async def companion(session) -> None:
+        # Same transaction: the events it follows are visible to it, not yet committed.
+        rows = await session.scalars(select(EventRecord.seq).where(EventRecord.task_id == t))
+        ran.extend(rows.all())
+
+    assert await eventlog.archive_now(t, also=companion) == 2
+    assert sorted(ran) == [1, 2] and await seqs() == [1, 2]
+    # Nothing left to archive: the companion still runs, alone.
+    ran.clear()
+    assert await eventlog.archive_now(t, also=companion) == 0
+    assert sorted(ran) == [1, 2]

@@ -291,8 +291,10 @@ async def test_the_model_asks_the_user_and_the_answer_is_the_result(
 async def test_health_lists_the_tool_runners_and_their_sandbox(engine: EngineProcesses) -> None:
     async with httpx.AsyncClient(timeout=10) as client:
         for _ in range(100):  # the runner announces itself once its probe has run
-            runners = (await client.get(f"{engine.url}/health")).json()["subsystems"].get(
-                "tool_runners", {}
+            runners = (
+                (await client.get(f"{engine.url}/health"))
+                .json()["subsystems"]
+                .get("tool_runners", {})
             )
             if runners:
                 break

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -115,6 +115,7 @@ return 0
 # caller that must have the events archived waits for another archiver.
 _ARCHIVE_CLAIM_MS = 30_000
 _CLAIM_WAIT_SECONDS = 5.0
+_ARCHIVE_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,36 +355,52 @@ class EventLog:
         return int(value or 0)
 
     # -- archiving -------------------------------------------------------------
-    async def archive_task(self, task_id: str, dirty_score: float, *, wait: bool = False) -> int:
+    async def archive_task(
+        self,
+        task_id: str,
+        dirty_score: float,
+        *,
+        wait: bool = False,
+        also: Callable[[AsyncSession], Awaitable[None]] | None = None,
+    ) -> int:
         """Copy the task's unarchived events to PostgreSQL; returns how many.
 
         One archiver at a time per task (a short Redis lock): the others skip
         it instead of copying the same events again, unless ``wait`` (a caller
         that needs the events archived now waits for the other to finish,
-        then copies whatever is left).
+        then copies whatever is left). ``also`` runs in the transaction that
+        writes the last events, so it commits with them, or alone if there are
+        none; it runs even when the claim could not be had.
         """
         claim = self.keys.archiving(task_id)
         deadline = asyncio.get_running_loop().time() + (_CLAIM_WAIT_SECONDS if wait else 0)
         while not await self.redis.set(claim, "1", nx=True, px=_ARCHIVE_CLAIM_MS):
             if asyncio.get_running_loop().time() >= deadline:
+                if also is not None:
+                    async with self.sessions.begin() as session:
+                        await also(session)
                 return 0
             await asyncio.sleep(0.005)
         try:
-            return await self._archive_claimed(task_id, dirty_score)
+            return await self._archive_claimed(task_id, dirty_score, also)
         finally:
             await self.redis.delete(claim)
 
-    async def _archive_claimed(self, task_id: str, dirty_score: float) -> int:
+    async def _archive_claimed(
+        self,
+        task_id: str,
+        dirty_score: float,
+        also: Callable[[AsyncSession], Awaitable[None]] | None,
+    ) -> int:
         events_key = self.keys.events(task_id)
         archived_key = self.keys.archived(task_id)
         watermark = int(await self.redis.get(archived_key) or 0)
         copied = 0
         while True:
             entries = await self.redis.xrange(
-                events_key, min=f"{watermark + 1}-0", max="+", count=500
+                events_key, min=f"{watermark + 1}-0", max="+", count=_ARCHIVE_BATCH
             )
-            if not entries:
-                break
+            last = len(entries) < _ARCHIVE_BATCH
             rows = [
                 {
                     "task_id": task_id,
@@ -395,14 +412,21 @@ class EventLog:
                 }
                 for eid, f in entries
             ]
-            async with self.sessions.begin() as session:
-                # executemany form: one cached statement, batched by the driver.
-                await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows)
-            watermark = int(rows[-1]["seq"])
-            copied += len(rows)
-            await self._mark_archived(
-                keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]
-            )
+            if rows or (last and also is not None):
+                async with self.sessions.begin() as session:
+                    if rows:
+                        # executemany form: one cached statement, batched by the driver.
+                        await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows)
+                    if last and also is not None:
+                        await also(session)
+            if rows:
+                watermark = int(rows[-1]["seq"])
+                copied += len(rows)
+                await self._mark_archived(
+                    keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]
+                )
+            if last:
+                break
         if copied == 0 and watermark:
             await self._mark_archived(
                 keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]
@@ -410,14 +434,17 @@ class EventLog:
         await self._clear_dirty(keys=[self.keys.archive_dirty], args=[task_id, dirty_score])
         return copied
 
-    async def archive_now(self, task_id: str) -> int:
-        """Archive the task's events right away (at a turn's snapshot boundary).
+    async def archive_now(
+        self, task_id: str, also: Callable[[AsyncSession], Awaitable[None]] | None = None
+    ) -> int:
+        """Archive the task's events right away (at a turn's snapshot boundary), and run
+        ``also`` in the same transaction as the last of them (one COMMIT for both).
 
         Leaves the dirty mark for the regular archiver, which may have seen
         newer events.
         """
         # Scores start at 1: -1 never clears the mark the background archiver uses.
-        return await self.archive_task(task_id, -1.0, wait=True)
+        return await self.archive_task(task_id, -1.0, wait=True, also=also)
 
     async def archive_pending(self, limit: int = 200) -> int:
         """One archiving pass over the tasks marked dirty; returns events copied."""

@@ -76,17 +76,23 @@ class Snapshots:
         self.hitl_ttl = timedelta(seconds=hitl_ttl_seconds)
 
     async def save(self, task_id: str, turn_id: str, reason: str, state: TurnState) -> None:
-        ttl = self.hitl_ttl if reason == "hitl" else self.active_ttl
         async with self.sessions.begin() as session:
-            session.add(
-                ChannelStateSnapshot(
-                    task_id=task_id,
-                    turn_id=turn_id,
-                    reason=reason,
-                    state=state.to_json(),
-                    expires_at=datetime.now(UTC) + ttl,
-                )
+            self.add(session, task_id, turn_id, reason, state)
+
+    def add(
+        self, session: AsyncSession, task_id: str, turn_id: str, reason: str, state: TurnState
+    ) -> None:
+        """Add a snapshot to ``session``'s transaction (committed with whatever else it holds)."""
+        ttl = self.hitl_ttl if reason == "hitl" else self.active_ttl
+        session.add(
+            ChannelStateSnapshot(
+                task_id=task_id,
+                turn_id=turn_id,
+                reason=reason,
+                state=state.to_json(),
+                expires_at=datetime.now(UTC) + ttl,
             )
+        )
 
     async def latest(self, turn_id: str) -> TurnState | None:
         """The turn's newest snapshot that has not expired, if any."""

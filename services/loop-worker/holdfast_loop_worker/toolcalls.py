@@ -69,12 +69,24 @@ class ToolCaller:
         return self.permission(agent, tool)
 
     async def run(
-        self, ctx: CallContext, tool_call_id: str, tool: str, tool_input: dict[str, Any]
+        self,
+        ctx: CallContext,
+        tool_call_id: str,
+        tool: str,
+        tool_input: dict[str, Any],
+        *,
+        recall: bool = True,
     ) -> ToolOutcome:
-        """Execute on a tool-runner (or recall the stored outcome) and wait for it."""
-        stored = await self.stored(ctx.task_id, tool_call_id)
-        if stored is not None:
-            return stored
+        """Execute on a tool-runner (or recall the stored outcome) and wait for it.
+
+        ``recall=False`` (a turn on its first run) skips looking for a stored outcome
+        before sending: there can be none, and a runner answers a call it already ran
+        with the stored outcome anyway.
+        """
+        if recall:
+            stored = await self.stored(ctx.task_id, tool_call_id)
+            if stored is not None:
+                return stored
         timeout = self.timeout_seconds
         if tool == "bash" and isinstance(tool_input.get("timeout"), int | float):
             timeout = min(float(tool_input["timeout"]), 600.0)

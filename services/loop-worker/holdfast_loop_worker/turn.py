@@ -65,7 +65,7 @@ from holdfast_shared.tools import ASK_USER, BUILTIN_TOOLS
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
 from sqlalchemy import update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.blocks import Block
@@ -157,6 +157,9 @@ class TurnRunner:
         self.seen = _Seen()
         self.blocks: dict[int, Block] = {}
         self.used_tools = False
+        # A resumed turn may have run some of its calls already (their outcomes are
+        # stored); a turn on its first run cannot have.
+        self.resuming = False
         self.provider_name: str | None = None
         self.agent = job.agent
         self.model = job.model
@@ -194,6 +197,7 @@ class TurnRunner:
         )
         if snapshot is not None:
             self.state = snapshot
+        self.resuming = resuming
         await self.ctx.lock.ensure(self.job.task_id, self.job.turn_id)
         if snapshot is None and self._state_expired(row):
             # Its channel state outlived its TTL: the turn cannot go on, and a
@@ -235,7 +239,7 @@ class TurnRunner:
         except Superseded:
             raise
         except _Interrupted as exc:
-            await self._store("assistant", exc.content, upsert=True)
+            await self._store(self._message("assistant", exc.content))
             return await self._fail(exc.error.code, exc.error.message, exc.error.details)
         except ProviderError as exc:
             return await self._fail(exc.code, exc.message, exc.details)
@@ -288,7 +292,7 @@ class TurnRunner:
             "stop_reason": stop_reason,
             "provider": choice.provider.name,
         }
-        await self._store("assistant", content, upsert=True)
+        message = self._message("assistant", content)
         state.iteration += 1
         calls = [b for b in blocks if b.block_type == "tool_use"]
         if stop_reason == "tool_use" and calls:
@@ -299,7 +303,7 @@ class TurnRunner:
         else:
             state.stage = "final"
             state.stop_reason = stop_reason
-        await self._snapshot("model_call")
+        await self._snapshot("model_call", message=message)
 
     async def _model_call(self, stream: AsyncIterator[ModelEvent]) -> tuple[list[Block], str]:
         self.blocks = blocks = {}
@@ -393,10 +397,10 @@ class TurnRunner:
             if call.outcome.get("error") is not None:
                 result["error"] = call.outcome["error"]
             results.append(result)
-        await self._store("user", {"blocks": results}, upsert=True)
+        message = self._message("user", {"blocks": results})
         state.stage = "model"
         state.pending = []
-        await self._snapshot("tool_results")
+        await self._snapshot("tool_results", message=message)
 
     async def _call_outcome(self, call: PendingCall) -> ToolOutcome:
         tools = self.ctx.tools
@@ -415,7 +419,7 @@ class TurnRunner:
             if refusal is not None:
                 return refusal
         ctx = CallContext(self.job.tenant_id, self.job.task_id, self.job.turn_id, self.agent)
-        return await tools.run(ctx, call.id, call.name, call.input)
+        return await tools.run(ctx, call.id, call.name, call.input, recall=self.resuming)
 
     async def _permission(self, call: PendingCall) -> ToolOutcome | None:
         """None when the user allowed the call; else the outcome the model sees."""
@@ -619,17 +623,31 @@ class TurnRunner:
         )
 
     # -- persistence -----------------------------------------------------------
-    async def _snapshot(self, reason: str, *, advance: bool = True) -> None:
+    async def _snapshot(
+        self, reason: str, *, advance: bool = True, message: Insert | None = None
+    ) -> None:
+        """Save the turn's state, with the step's ``message`` (from ``_message``) if any.
+
+        Everything up to the snapshot is in PostgreSQL before the snapshot is, in one
+        transaction with it: even a Redis that loses its data loses at most the next
+        step, and a step's message and the state that counts it commit together.
+        Drains first: a writer that was taken over finds out (Superseded) here,
+        before it could overwrite the new owner's message.
+        """
         last_seq = await self.emitter.drain()
         if advance:
             self.state.last_seq = last_seq or self.state.last_seq
-        # Everything up to the snapshot is in PostgreSQL before the snapshot
-        # is: even a Redis that loses its data loses at most the next step.
-        await self.ctx.eventlog.archive_now(self.job.task_id)
         now = time.monotonic()
         self.state.active_ms += int((now - self._started) * 1000)
         self._started = now
-        await self.ctx.snapshots.save(self.job.task_id, self.job.turn_id, reason, self.state)
+        state = self.state
+
+        async def write(session: AsyncSession) -> None:
+            if message is not None:
+                await session.execute(message)
+            self.ctx.snapshots.add(session, self.job.task_id, self.job.turn_id, reason, state)
+
+        await self.ctx.eventlog.archive_now(self.job.task_id, also=write)
 
     def _state_expired(self, row: Turn) -> bool:
         """No live snapshot of a turn older than the snapshots' TTL: its state is gone.
@@ -654,13 +672,9 @@ class TurnRunner:
         )
         return row
 
-    async def _store(self, role: str, content: dict[str, Any], *, upsert: bool) -> None:
-        """Store the message at the state's position; a repeated step overwrites its own.
-
-        Drains first: a writer that was taken over finds out (Superseded) here,
-        before it could overwrite the new owner's message.
-        """
-        await self.emitter.drain()
+    def _message(self, role: str, content: dict[str, Any]) -> Insert:
+        """The statement storing a message at the state's next position, which it takes;
+        a repeated step overwrites its own."""
         statement = insert(Message).values(
             task_id=self.job.task_id,
             turn_id=self.job.turn_id,
@@ -668,14 +682,17 @@ class TurnRunner:
             role=role,
             content=content,
         )
-        if upsert:
-            statement = statement.on_conflict_do_update(
-                index_elements=[Message.turn_id, Message.position],
-                set_={"content": content, "role": role},
-            )
-        async with self.ctx.sessions.begin() as session:
-            await session.execute(statement)
         self.state.position += 1
+        return statement.on_conflict_do_update(
+            index_elements=[Message.turn_id, Message.position],
+            set_={"content": content, "role": role},
+        )
+
+    async def _store(self, message: Insert) -> None:
+        """Store a message outside a snapshot (drains first, as ``_snapshot`` does)."""
+        await self.emitter.drain()
+        async with self.ctx.sessions.begin() as session:
+            await session.execute(message)
 
 
 class _Interrupted(Exception):
