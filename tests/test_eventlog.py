@@ -8,7 +8,7 @@ import secrets
 from holdfast_shared.db.models import EventRecord
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.events import TextDelta, ThreadLifecycle, parse_event
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 
 def task() -> str:
@@ -130,3 +130,25 @@ async def test_archive_now_commits_its_companion_with_the_events(
     ran.clear()
     assert await eventlog.archive_now(t, also=companion) == 0
     assert sorted(ran) == [1, 2]
+
+
+async def test_archiving_many_events_in_batches(eventlog: EventLog, sessions) -> None:
+    t = task()
+    for chunk in range(6):
+        bodies = [TextDelta(text=f"{chunk}.{i}") for i in range(200)]
+        await eventlog.append(t, None, bodies, new_task=chunk == 0)
+    calls = 0
+
+    async def companion(session) -> None:
+        nonlocal calls
+        calls += 1
+
+    assert await eventlog.archive_now(t, also=companion) == 1200
+    assert calls == 1  # with the last batch only
+    assert int(await eventlog.redis.get(eventlog.keys.archived(t))) == 1200
+    assert not await eventlog.redis.exists(eventlog.keys.archiving(t))  # claim given back
+    async with sessions() as session:
+        count = await session.scalar(
+            select(func.count()).select_from(EventRecord).where(EventRecord.task_id == t)
+        )
+    assert count == 1200

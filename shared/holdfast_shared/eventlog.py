@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy import func, select
@@ -84,21 +85,45 @@ end
 return out
 """
 
-# KEYS: events stream, archived watermark. ARGV: archived seq, ttl ms.
 # Records the watermark; lets the stream expire only when nothing is unarchived.
-_MARK_ARCHIVED = """
-redis.call('SET', KEYS[2], ARGV[1])
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #last == 0 then return 0 end
-local id = last[1][1]
-local seq = tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1))
-if seq == tonumber(ARGV[1]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return 1
+_MARK_FUNCTION = """
+local function mark(events, archived, seq, ttl)
+  redis.call('SET', archived, seq)
+  local last = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)
+  if #last == 0 then return 0 end
+  local id = last[1][1]
+  if tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1)) == tonumber(seq) then
+    redis.call('PEXPIRE', events, ttl)
+    redis.call('PEXPIRE', archived, ttl)
+    return 1
+  end
+  return 0
 end
-return 0
 """
+
+# KEYS: events stream, archived watermark. ARGV: archived seq, ttl ms.
+_MARK_ARCHIVED = _MARK_FUNCTION + "return mark(KEYS[1], KEYS[2], ARGV[1], ARGV[2])\n"
+
+# KEYS: claim, archived watermark, events stream. ARGV: claim ms, count.
+# Takes the task's archiving claim and, if it got it, reads the watermark and the
+# first batch after it: one round trip where an archiving pass starts.
+_CLAIM_AND_READ = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return false end
+local watermark = tonumber(redis.call('GET', KEYS[2]) or '0')
+return {watermark, redis.call('XRANGE', KEYS[3], (watermark + 1) .. '-0', '+', 'COUNT', ARGV[2])}
+"""
+
+# KEYS: events stream, archived watermark, claim. ARGV: archived seq (0: none), ttl ms.
+# Ends an archiving pass: marks what it archived and gives the claim back.
+_MARK_AND_RELEASE = (
+    _MARK_FUNCTION
+    + """
+local marked = 0
+if ARGV[1] ~= '0' then marked = mark(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) end
+redis.call('DEL', KEYS[3])
+return marked
+"""
+)
 
 # KEYS: dirty set. ARGV: task id, the score seen before archiving.
 _CLEAR_DIRTY = """
@@ -169,6 +194,8 @@ class EventLog:
         self.hot_ttl_ms = hot_ttl_seconds * 1000
         self._append = redis.register_script(_APPEND)
         self._mark_archived = redis.register_script(_MARK_ARCHIVED)
+        self._claim_and_read = redis.register_script(_CLAIM_AND_READ)
+        self._mark_and_release = redis.register_script(_MARK_AND_RELEASE)
         self._clear_dirty = redis.register_script(_CLEAR_DIRTY)
 
     # -- writing ---------------------------------------------------------------
@@ -372,34 +399,47 @@ class EventLog:
         writes the last events, so it commits with them, or alone if there are
         none; it runs even when the claim could not be had.
         """
-        claim = self.keys.archiving(task_id)
+        keys = [self.keys.archiving(task_id), self.keys.archived(task_id)]
+        events_key = self.keys.events(task_id)
         deadline = asyncio.get_running_loop().time() + (_CLAIM_WAIT_SECONDS if wait else 0)
-        while not await self.redis.set(claim, "1", nx=True, px=_ARCHIVE_CLAIM_MS):
+        while not (
+            first := await self._claim_and_read(
+                keys=[*keys, events_key], args=[_ARCHIVE_CLAIM_MS, _ARCHIVE_BATCH]
+            )
+        ):
             if asyncio.get_running_loop().time() >= deadline:
                 if also is not None:
                     async with self.sessions.begin() as session:
                         await also(session)
                 return 0
             await asyncio.sleep(0.005)
+        watermark, entries = int(first[0]), _entries(first[1])
+        released = False
         try:
-            return await self._archive_claimed(task_id, dirty_score, also)
+            copied, watermark = await self._copy(task_id, watermark, entries, also)
+            await self._mark_and_release(
+                keys=[events_key, keys[1], keys[0]], args=[watermark, self.hot_ttl_ms]
+            )
+            released = True
         finally:
-            await self.redis.delete(claim)
+            if not released:
+                await self.redis.delete(keys[0])
+        if dirty_score >= 0:  # the background archiver's pass; archive_now leaves the mark
+            await self._clear_dirty(keys=[self.keys.archive_dirty], args=[task_id, dirty_score])
+        return copied
 
-    async def _archive_claimed(
+    async def _copy(
         self,
         task_id: str,
-        dirty_score: float,
+        watermark: int,
+        entries: list[tuple[str, dict[str, str]]],
         also: Callable[[AsyncSession], Awaitable[None]] | None,
-    ) -> int:
-        events_key = self.keys.events(task_id)
-        archived_key = self.keys.archived(task_id)
-        watermark = int(await self.redis.get(archived_key) or 0)
+    ) -> tuple[int, int]:
+        """Copy ``entries`` and the rest after them, a batch per transaction; returns
+        (how many, the new watermark). Holds the task's claim."""
+        events_key, archived_key = self.keys.events(task_id), self.keys.archived(task_id)
         copied = 0
         while True:
-            entries = await self.redis.xrange(
-                events_key, min=f"{watermark + 1}-0", max="+", count=_ARCHIVE_BATCH
-            )
             last = len(entries) < _ARCHIVE_BATCH
             rows = [
                 {
@@ -420,19 +460,16 @@ class EventLog:
                     if last and also is not None:
                         await also(session)
             if rows:
-                watermark = int(rows[-1]["seq"])
+                watermark = _seq_of(entries[-1][0])
                 copied += len(rows)
-                await self._mark_archived(
-                    keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]
-                )
             if last:
-                break
-        if copied == 0 and watermark:
+                return copied, watermark
             await self._mark_archived(
                 keys=[events_key, archived_key], args=[watermark, self.hot_ttl_ms]
             )
-        await self._clear_dirty(keys=[self.keys.archive_dirty], args=[task_id, dirty_score])
-        return copied
+            entries = await self.redis.xrange(
+                events_key, min=f"{watermark + 1}-0", max="+", count=_ARCHIVE_BATCH
+            )
 
     async def archive_now(
         self, task_id: str, also: Callable[[AsyncSession], Awaitable[None]] | None = None
@@ -453,6 +490,11 @@ class EventLog:
         for task_id, score in dirty:
             copied += await self.archive_task(task_id, score)
         return copied
+
+
+def _entries(raw: list[Any]) -> list[tuple[str, dict[str, str]]]:
+    """XRANGE's reply as a script returns it: [id, [field, value, ...]] pairs."""
+    return [(eid, dict(zip(flat[::2], flat[1::2], strict=True))) for eid, flat in raw]
 
 
 def _turn_of(data: str) -> str | None:
