@@ -11,6 +11,7 @@ that lost its data.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +20,8 @@ from sqlalchemy import or_, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 ACTIVE = ("queued", "running", "parked")
+# Past a lapsed lease's end before claiming: clocks of the workers' hosts differ a bit.
+_LAPSE_MARGIN_SECONDS = 0.05
 
 
 class Leases:
@@ -48,6 +51,24 @@ class Leases:
                 .returning(Turn.id)
             )
         return claimed is not None
+
+    async def claim_after_lapse(self, turn_id: str, lease_until: datetime | None) -> bool:
+        """Claim a turn whose holder stopped renewing just before its lease ran out.
+
+        The turns stream offers a job to another worker once it has been idle for a
+        lease, counted from its delivery; the lease runs from the holder's claim, a
+        moment later. So a holder that died before its first renewal leaves its job
+        offered a little before the lease ends: wait for that end, rather than leave
+        the job for a whole lease more. Never longer than a third of a lease, which a
+        live holder's renewals always keep ahead of it: that holder is left alone.
+        """
+        if lease_until is None:
+            return False
+        wait = (lease_until - datetime.now(UTC)).total_seconds()
+        if wait > self.duration.total_seconds() / 3:
+            return False
+        await asyncio.sleep(max(0.0, wait) + _LAPSE_MARGIN_SECONDS)
+        return await self.claim(turn_id)
 
     async def renew(self, turn_ids: Iterable[str]) -> None:
         ids = list(turn_ids)

@@ -176,9 +176,12 @@ class TurnRunner:
         row = await self._load_turn()  # as it was before this worker claimed it
         if row is None:
             return "skipped"
-        if not await self.ctx.leases.claim(self.job.turn_id):
-            # Another worker holds it (or held it until a moment ago): leave
-            # the job pending; it is offered again once its lease runs out.
+        leases = self.ctx.leases
+        if not await leases.claim(self.job.turn_id) and not await leases.claim_after_lapse(
+            self.job.turn_id, row.lease_until
+        ):
+            # Another worker holds it and renews it: leave the job pending; it is
+            # offered again once its lease runs out.
             return "busy"
         # From here on, a worker that stalled past its lease and wakes up
         # finds its appends refused (fenced) instead of writing over ours.
