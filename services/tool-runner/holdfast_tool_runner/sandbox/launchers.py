@@ -200,7 +200,10 @@ class Launcher:
             raise ValueError("embedded null byte in the command line")
         if self._control is None:
             raise SandboxUnavailable("sandbox launcher already used")
-        self.limits.apply(policy, self.process.pid)
+        try:
+            self.limits.apply(policy, self.process.pid)
+        except OSError as exc:  # ProcessLookupError: the launcher died waiting
+            raise SandboxUnavailable(f"limits: cannot apply the call's limits: {exc}") from exc
         unused = ",".join(str(fd) for fd in sorted(self.child.all() - uses))
         message = b"".join(f.encode() + b"\0" for f in (unused, *argv, "END"))
         control, self._control = self._control, None
