@@ -304,3 +304,38 @@ async def test_health_lists_the_tool_runners_and_their_sandbox(engine: EnginePro
         assert report["available"] is True, report
         assert report["network"] in ("slirp4netns", "host")
         assert set(report["limits"]) == {"pids", "memory", "cpu", "file_size", "kill"}
+
+
+async def test_answers_that_race_the_parking_turn_are_not_lost(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    # Answered the moment the request exists: the answer and its resume job often
+    # arrive while the worker is still parking the turn (snapshot, lease release).
+    key = api_keys["main"]
+    headers = {"X-Engine-Key": key}
+    message = tool_script({"name": "ask_user", "input": {"question": "Now?"}})
+    async with httpx.AsyncClient(timeout=60) as client:
+        for round_ in range(12):
+            task_id = f"race-{round_}-{secrets.token_hex(3)}"
+            turn = asyncio.create_task(
+                execute(client, engine.url, key, {"message": message, "task_id": task_id})
+            )
+            for _ in range(2000):
+                pending = (
+                    await client.get(
+                        f"{engine.url}/hitl/pending", params={"task_id": task_id}, headers=headers
+                    )
+                ).json()["pending"]
+                if pending:
+                    break
+                await asyncio.sleep(0.002)
+            assert pending, "no hitl request appeared"
+            answered = await client.post(
+                f"{engine.url}/hitl/respond",
+                json={"task_id": task_id, "request_id": pending[0]["request_id"], "answer": "y"},
+                headers=headers,
+            )
+            assert answered.status_code == 200, answered.text
+            got = await asyncio.wait_for(turn, 20)
+            assert got.events[-1]["phase"] == "completed", f"round {round_}"
+            assert by_type(got, "tool_result")[0]["output"] == {"answer": "y"}

@@ -75,6 +75,8 @@ class TurnConsumer:
         self.drain_seconds = drain_seconds
         self.on_group_created = on_group_created
         self._running: dict[str, _Running] = {}  # by turn id
+        self._deferred: set[asyncio.Task[None]] = set()  # resume jobs waiting for a run
+        self._stopping = False
         self._claim_cursor = "0-0"
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -98,6 +100,7 @@ class TurnConsumer:
                 # the drain below hands them back properly.
                 for entry_id, fields, reason in await read:
                     await self._start(entry_id, fields, reason)
+            self._stopping = True
             await self._drain()
         finally:
             stop_wait.cancel()
@@ -164,7 +167,16 @@ class TurnConsumer:
             log.error("dropping malformed turn job %s: %r", entry_id, fields)
             await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
             return
-        if job.turn_id in self._running:
+        running = self._running.get(job.turn_id)
+        if running is not None and job.resume:
+            # A resume job (a HITL answer, a hand-back) for a turn still ending here,
+            # say parking: dropping it would lose the answer. Run it once this run is
+            # over; it then finds the turn as that run left it.
+            later = asyncio.create_task(self._start_after(running.task, entry_id, fields, reason))
+            self._deferred.add(later)
+            later.add_done_callback(self._deferred.discard)
+            return
+        if running is not None:
             # Already running here (a duplicate delivery): its own entry is
             # acknowledged when it ends; this one carries nothing more.
             await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
@@ -174,6 +186,17 @@ class TurnConsumer:
         task = asyncio.create_task(self._handle(entry_id, job, runner), name=f"turn:{job.turn_id}")
         self._running[job.turn_id] = _Running(entry_id, runner, task)
         task.add_done_callback(lambda _: self._running.pop(job.turn_id, None))
+
+    async def _start_after(
+        self,
+        running: asyncio.Task[None],
+        entry_id: str,
+        fields: dict[str, str],
+        reason: str | None,
+    ) -> None:
+        await asyncio.wait([running])
+        if not self._stopping:  # else it stays pending, for another worker to take
+            await self._start(entry_id, fields, reason)
 
     async def _handle(self, entry_id: str, job: TurnJob, runner: TurnRunner) -> None:
         try:

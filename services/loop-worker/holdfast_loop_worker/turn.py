@@ -123,6 +123,10 @@ class TurnContext:
 class Parked(Exception):
     """The turn waits for a human; its worker is released."""
 
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id)
+        self.request_id = request_id
+
 
 @dataclass
 class _Seen:
@@ -221,8 +225,8 @@ class TurnRunner:
             budget = max(0.0, self.ctx.deadline_seconds - self.state.active_ms / 1000)
             async with asyncio.timeout(budget):
                 stop_reason = await self._drive()
-        except Parked:
-            return await self._park()
+        except Parked as parked:
+            return await self._park(parked.request_id)
         except TimeoutError:
             await self._close_open_blocks()
             return await self._fail(
@@ -535,12 +539,20 @@ class TurnRunner:
         else:
             await self.emitter.emit(TurnResumed(reason=reason))
 
-    async def _park(self) -> str:
+    async def _park(self, request_id: str) -> str:
         await self._snapshot("hitl")
         await self.ctx.lock.extend(
             self.job.task_id, self.job.turn_id, self.ctx.hitl_ttl_seconds + 3600
         )
         await self.ctx.leases.release(self.job.turn_id, status="parked")
+        # An answer that came in since we read the request queued its resume job while
+        # we still held the turn; whoever took that job may have found it busy. Queue
+        # one more: resuming twice is harmless (the lease lets one through, and the
+        # other finds the question answered or the turn over).
+        _question, answer = await self.ctx.human.read(request_id)
+        if answer.status != "pending":
+            job = TurnJob.resuming(self.job.tenant_id, self.job.task_id, self.job.turn_id)
+            await self.ctx.redis.xadd(self.ctx.keys.turns, job.to_fields())
         return "parked"
 
     async def _hand_back(self) -> str:
