@@ -10,6 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_shared.db.models import Task, Turn
+from holdfast_shared.jobs import TurnJob
+from holdfast_shared.keys import Keys
+from redis.asyncio import Redis
 
 from tests.processes import EngineProcesses
 from tests.sse_client import Received, execute, stream
@@ -339,3 +343,63 @@ async def test_answers_that_race_the_parking_turn_are_not_lost(
             got = await asyncio.wait_for(turn, 20)
             assert got.events[-1]["phase"] == "completed", f"round {round_}"
             assert by_type(got, "tool_result")[0]["output"] == {"answer": "y"}
+
+
+async def test_a_parked_turn_resumed_before_its_answer_asks_only_once(
+    engine: EngineProcesses,
+    api_keys: dict[str, str],
+    redis: Redis,
+    sessions: Any,
+    redis_prefix: str,
+) -> None:
+    # A resume job for a turn parked on a pending question (a requeue after a Redis
+    # restart, a duplicate delivery) re-parks it; the client must not be asked twice.
+    key = api_keys["main"]
+    task_id = f"reask-{secrets.token_hex(3)}"
+    message = tool_script({"name": "ask_user", "input": {"question": "Once?"}})
+    async with httpx.AsyncClient(timeout=60) as client:
+        turn = asyncio.create_task(
+            execute(client, engine.url, key, {"message": message, "task_id": task_id})
+        )
+        for _ in range(400):
+            pending = (
+                await client.get(
+                    f"{engine.url}/hitl/pending",
+                    params={"task_id": task_id},
+                    headers={"X-Engine-Key": key},
+                )
+            ).json()["pending"]
+            if pending:
+                break
+            await asyncio.sleep(0.02)
+        assert pending
+
+        async def turn_row() -> Turn:
+            async with sessions() as session:
+                found = await session.get(Turn, pending[0]["turn_id"])
+            assert found is not None
+            return found
+
+        for _ in range(250):
+            if (row := await turn_row()).status == "parked":
+                break
+            await asyncio.sleep(0.02)
+        assert row.status == "parked"
+        async with sessions() as session:
+            task = await session.get(Task, task_id)
+        assert task is not None
+        job = TurnJob.resuming(task.tenant_id, task_id, row.id)
+        await redis.xadd(Keys(redis_prefix).turns, job.to_fields())
+        for _ in range(250):  # resumed, found the question pending, parked again
+            await asyncio.sleep(0.02)
+            logged = await redis.xrange(Keys(redis_prefix).events(task_id))
+            resumed = any(fields["t"] == "turn_resumed" for _, fields in logged)
+            if resumed and (await turn_row()).status == "parked":
+                break
+        else:
+            raise AssertionError("the resume job did not run")
+        await answer_when_asked(client, engine.url, key, task_id, {"answer": "once"})
+        got = await asyncio.wait_for(turn, 20)
+    assert got.events[-1]["phase"] == "completed"
+    assert len(by_type(got, "hitl_request")) == 1
+    assert by_type(got, "tool_result")[0]["output"] == {"answer": "once"}

@@ -37,6 +37,9 @@ class PendingCall:
     input: dict[str, Any]
     outcome: dict[str, Any] | None = None
     hitl_request: str | None = None
+    # Its hitl_request event was logged. Parking snapshots after that event, so a
+    # resume's scan of the log past the snapshot no longer shows it.
+    hitl_announced: bool = False
 
 
 @dataclass

@@ -480,7 +480,9 @@ class TurnRunner:
             await self._snapshot("hitl")
         question, answer = await human.read(call.hitl_request)
         if answer.status == "pending":
-            if question.request_id not in self.seen.hitl_requests:
+            announced = call.hitl_announced or question.request_id in self.seen.hitl_requests
+            call.hitl_announced = True
+            if not announced:
                 await self.emitter.emit(
                     HitlRequest(
                         request_id=question.request_id,
