@@ -104,6 +104,8 @@ class TurnConsumer:
             await self._drain()
         finally:
             stop_wait.cancel()
+            for later in list(self._deferred):  # their entries stay pending
+                later.cancel()
             for helper in helpers:
                 helper.cancel()
             for helper in helpers:
