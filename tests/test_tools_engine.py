@@ -25,28 +25,36 @@ def tool_script(*calls: dict[str, Any], text: str = "") -> str:
     return "/script " + json.dumps({"text": text, "tool_calls": list(calls)})
 
 
-async def answer_when_asked(
-    client: httpx.AsyncClient, base: str, key: str, task_id: str, body: dict[str, Any]
-) -> dict[str, Any]:
-    """Poll /hitl/pending like a client UI would, then answer the request."""
-    for _ in range(200):
+async def first_pending(
+    client: httpx.AsyncClient, base: str, key: str, task_id: str, *, every: float = 0.05
+) -> dict[str, Any] | None:
+    """Poll /hitl/pending like a client UI would (for up to ~10 s): the first request."""
+    for _ in range(int(10 / every)):
         pending = (
             await client.get(
                 f"{base}/hitl/pending", params={"task_id": task_id}, headers={"X-Engine-Key": key}
             )
         ).json()["pending"]
         if pending:
-            request = pending[0]
-            response = await client.post(
-                f"{base}/hitl/respond",
-                json={"task_id": task_id, "request_id": request["request_id"], **body},
-                headers={"X-Engine-Key": key},
-            )
-            assert response.status_code == 200, response.text
-            assert response.json() == {"status": "resumed", "request_id": request["request_id"]}
-            return request
-        await asyncio.sleep(0.05)
-    raise AssertionError("no hitl request appeared")
+            return dict(pending[0])
+        await asyncio.sleep(every)
+    return None
+
+
+async def answer_when_asked(
+    client: httpx.AsyncClient, base: str, key: str, task_id: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Wait for the task's request, then answer it."""
+    request = await first_pending(client, base, key, task_id)
+    assert request is not None, "no hitl request appeared"
+    response = await client.post(
+        f"{base}/hitl/respond",
+        json={"task_id": task_id, "request_id": request["request_id"], **body},
+        headers={"X-Engine-Key": key},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json() == {"status": "resumed", "request_id": request["request_id"]}
+    return request
 
 
 def by_type(got: Received, event_type: str) -> list[dict[str, Any]]:
@@ -324,19 +332,11 @@ async def test_answers_that_race_the_parking_turn_are_not_lost(
             turn = asyncio.create_task(
                 execute(client, engine.url, key, {"message": message, "task_id": task_id})
             )
-            for _ in range(2000):
-                pending = (
-                    await client.get(
-                        f"{engine.url}/hitl/pending", params={"task_id": task_id}, headers=headers
-                    )
-                ).json()["pending"]
-                if pending:
-                    break
-                await asyncio.sleep(0.002)
-            assert pending, "no hitl request appeared"
+            request = await first_pending(client, engine.url, key, task_id, every=0.002)
+            assert request is not None, "no hitl request appeared"
             answered = await client.post(
                 f"{engine.url}/hitl/respond",
-                json={"task_id": task_id, "request_id": pending[0]["request_id"], "answer": "y"},
+                json={"task_id": task_id, "request_id": request["request_id"], "answer": "y"},
                 headers=headers,
             )
             assert answered.status_code == 200, answered.text
@@ -361,22 +361,12 @@ async def test_a_parked_turn_resumed_before_its_answer_asks_only_once(
         turn = asyncio.create_task(
             execute(client, engine.url, key, {"message": message, "task_id": task_id})
         )
-        for _ in range(400):
-            pending = (
-                await client.get(
-                    f"{engine.url}/hitl/pending",
-                    params={"task_id": task_id},
-                    headers={"X-Engine-Key": key},
-                )
-            ).json()["pending"]
-            if pending:
-                break
-            await asyncio.sleep(0.02)
-        assert pending
+        request = await first_pending(client, engine.url, key, task_id, every=0.02)
+        assert request is not None
 
         async def turn_row() -> Turn:
             async with sessions() as session:
-                found = await session.get(Turn, pending[0]["turn_id"])
+                found = await session.get(Turn, request["turn_id"])
             assert found is not None
             return found
 
