@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import harness, scenarios
-from bench.run import _run
+from bench.context import run_async
 
 OUT_ENV = "HOLDFAST_BENCH_BREAKDOWN_OUT"
 
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             extra_env={OUT_ENV: str(out), "PYTHONPATH": str(Path(__file__).parent.parent)},
         )
         engine.set_workers(1, 64)
-        lat = _run(
+        lat = run_async(
             lambda: scenarios.post_to_started(
                 engine.gateway_url, engine.api_key, args.posts, warmup=warmup
             ),
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         engine.stop()
-        _run(engine.delete_redis_keys, False)
+        run_async(engine.delete_redis_keys, False)
         engine.drop_database()
     lines = out.read_text().splitlines()
     records = [r for r in map(json.loads, lines) if "first_body" in r][warmup:]

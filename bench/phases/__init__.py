@@ -1,0 +1,61 @@
+"""The bench's phases, one module each, and the order they run in.
+
+Each phase module has a docstring whose first paragraph says what it
+measures (``--help`` shows it) and one entry point,
+``run(ctx: Context) -> list[Row]``: it brings up the loop-workers it needs,
+measures, and returns its rows; a measurement that fails becomes an ERROR row
+and the phase goes on. Phases hand results on through the context only: the
+raw baselines (``ctx.raw1``, ``ctx.raw_n``) and the shared instrumented
+workers.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from bench.context import Context
+from bench.phases import e2e, idle, latency, providers, raw, recovery, tools
+from bench.table import Row
+
+
+class Phase(Protocol):
+    __doc__: str | None
+
+    def run(self, ctx: Context) -> list[Row]: ...
+
+
+# In the table's order.
+PHASES: dict[str, Phase] = {
+    "raw": raw,
+    "e2e": e2e,
+    "latency": latency,
+    "idle": idle,
+    "providers": providers,
+    "tools": tools,
+    "recovery": recovery,
+}
+# The order they run in: the raw baseline before any engine process starts;
+# idle last whatever is asked, since it leaves 1,000 endless turns on its worker.
+RUN_ORDER = ("raw", "latency", "e2e", "providers", "tools", "recovery", "idle")
+# Every phase but raw needs the gateway.
+ENGINE_PHASES = frozenset(PHASES) - {"raw"}
+
+
+def summary(name: str) -> str:
+    """The first paragraph of the phase's docstring, on one line."""
+    doc = PHASES[name].__doc__ or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def run(ctx: Context, selected: set[str]) -> dict[str, list[Row]]:
+    """Run the ``selected`` phases in :data:`RUN_ORDER` inside one engine session;
+    their rows by phase."""
+    rows: dict[str, list[Row]] = {}
+    with ctx.session():
+        for name in RUN_ORDER:
+            if name not in selected:
+                continue
+            if name in ENGINE_PHASES and ctx.engine.gateway is None:
+                ctx.engine.start_gateway()
+            rows[name] = PHASES[name].run(ctx)
+    return rows
