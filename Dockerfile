@@ -3,9 +3,12 @@
 FROM python:3.11-slim
 
 # bubblewrap and libseccomp: the tool-runner's sandbox; slirp4netns: the network of a
-# sandbox allowed one (its own namespace; needs /dev/net/tun, see compose.yaml).
+# sandbox allowed one (its own namespace; needs /dev/net/tun, see compose.yaml);
+# e2fsprogs and mount: size-capped workspace images, used only when the runner may
+# mount (root with CAP_SYS_ADMIN; as USER holdfast below, workspaces are uncapped).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends bubblewrap libseccomp2 slirp4netns \
+        e2fsprogs mount \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/

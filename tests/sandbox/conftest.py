@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from holdfast_tool_runner.sandbox import SandboxPolicy, SandboxUnavailable, network
-from holdfast_tool_runner.sandbox.runner import Host, host
+from holdfast_tool_runner.sandbox.runner import Host, default_host
 
 
 @pytest.fixture(scope="session", autouse=True)
 def sandbox_host() -> Host:
     try:
-        return host()
+        return default_host()
     except SandboxUnavailable as exc:
         pytest.fail(f"this host cannot run the sandbox: {exc}")
 

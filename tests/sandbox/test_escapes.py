@@ -1,7 +1,9 @@
 """The escape corpus: each attempt runs through run_sandboxed with real processes, and
 must be blocked, reported (exit status or error text), and leave the host unaffected.
 
-The comment on each test names the layer that stops it.
+The comment on each test names the layer that stops it. What the probe of issue #9
+added (several processes together over the memory limit, filling the disk across many
+files, a setuid copy, read_file on a FIFO) is in test_limits.py.
 """
 
 from __future__ import annotations

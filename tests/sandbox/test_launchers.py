@@ -57,9 +57,8 @@ def alive(pid: int) -> bool:
 
 def cgroup_dirs(found: Host) -> set[Path]:
     dirs: set[Path] = set()
-    for subtree in (found.cgroups.v2, found.cgroups.v1_pids):
-        if subtree is not None:
-            dirs.update(p for p in subtree.iterdir() if p.is_dir())
+    for subtree in found.cgroups.subtrees():
+        dirs.update(p for p in subtree.iterdir() if p.is_dir())
     return dirs
 
 

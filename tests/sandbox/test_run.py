@@ -16,7 +16,6 @@ from holdfast_tool_runner.sandbox import (
     probe,
     run_sandboxed,
 )
-from holdfast_tool_runner.sandbox import runner as runner_module
 from holdfast_tool_runner.sandbox.runner import Host
 
 from .conftest import PolicyFactory, Workspaces, on_host
@@ -176,11 +175,16 @@ async def test_command_not_found_is_the_commands_failure(policy: PolicyFactory) 
 
 
 async def test_probe() -> None:
-    found = await probe()
+    described = {"disk": "loop-ext4", "max_bytes": 2**30, "problem": None}
+    found = await probe(workspaces=described)
     assert found.available, found.problem
     assert found.seccomp and found.user_namespaces and found.bwrap_version
     assert found.landlock_abi >= 1
-    assert set(found.limits) == {"pids", "memory", "cpu", "file_size", "kill"}
+    assert set(found.limits) == {"pids", "memory", "cpu", "file_size", "kill", "disk"}
+    assert found.limits["memory"] in ("cgroup2", "cgroup1", "rss-budget")
+    assert found.limits["cpu"] in ("cgroup2", "cgroup1", "time-budget")
+    assert found.limits["disk"] == "loop-ext4"  # as the runner's workspaces say
+    assert found.as_dict()["workspaces"] == described
     assert found.network == ("slirp4netns" if shutil.which("slirp4netns") else "host")
 
 
@@ -200,37 +204,29 @@ async def test_refuses_bad_workspaces(workspaces: Workspaces) -> None:
         await asyncio.to_thread(shutil.rmtree, exposed)
 
 
-async def test_fails_closed_without_bwrap(
-    policy: PolicyFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    runner_module._host.cache_clear()
-    monkeypatch.setenv("PATH", "/nonexistent")
-    try:
-        with pytest.raises(SandboxUnavailable, match="bubblewrap is not installed"):
-            await run_sandboxed(["true"], policy())
-    finally:
-        runner_module._host.cache_clear()
+async def test_fails_closed_without_bwrap(policy: PolicyFactory, sandbox_host: Host) -> None:
+    with pytest.raises(SandboxUnavailable, match="bubblewrap is not installed"):
+        Host.discover(path="/nonexistent")
+    # A host whose bwrap went away after it was discovered: nothing runs either.
+    gone = dataclasses.replace(sandbox_host, bwrap="/nonexistent/bwrap")
+    with pytest.raises(SandboxUnavailable):
+        await run_sandboxed(["true"], policy(), host=gone)
 
 
 async def test_fails_closed_when_landlock_cannot_be_applied(
     policy: PolicyFactory,
     workspaces: Workspaces,
     sandbox_host: Host,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The shim is told to expect a Landlock ABI the kernel does not have.
     broken = dataclasses.replace(sandbox_host, landlock_abi=99)
-    monkeypatch.setattr(runner_module, "host", lambda: broken)
     with pytest.raises(SandboxUnavailable, match="landlock: kernel Landlock ABI"):
-        await run_sandboxed(["touch", "ran"], policy())
+        await run_sandboxed(["touch", "ran"], policy(), host=broken)
     assert not (workspaces.mine / "ran").exists()
 
 
-async def test_fails_closed_when_bwrap_fails(
-    policy: PolicyFactory, sandbox_host: Host, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_fails_closed_when_bwrap_fails(policy: PolicyFactory, sandbox_host: Host) -> None:
     # Anything that exits without the shim's confirmation is not a result.
     broken = dataclasses.replace(sandbox_host, bwrap="/bin/false")
-    monkeypatch.setattr(runner_module, "host", lambda: broken)
     with pytest.raises(SandboxUnavailable, match="set-up failed"):
-        await run_sandboxed(["true"], policy())
+        await run_sandboxed(["true"], policy(), host=broken)

@@ -4,6 +4,9 @@
 Python script inside the same sandbox rather than in this process: the
 workspace is then the only tree they can see, so a symlink planted in the
 workspace (even one swapped in while the tool runs) cannot lead them outside.
+They open only regular files, and open them non-blocking first: a FIFO, socket or
+device planted in the workspace is refused at once instead of holding the call (and
+a tool slot) until its timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 # Runs inside the sandbox with cwd = the workspace; reads one JSON request on
 # stdin and prints one JSON answer. Paths are kept relative to the workspace.
 _FILE_TOOL = r"""
-import json, os, sys
+import json, os, stat, sys
 req = json.load(sys.stdin)
 tool, args = req["tool"], req["input"]
 root = os.getcwd()
@@ -40,31 +43,68 @@ def answer(output=None, error=None):
     print(json.dumps({"output": output, "error": error}))
     sys.exit(0)
 
+KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+         stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory"}
+
+def refuse(shown, mode):
+    kind = KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    answer(error=f"{shown} is {kind}; {tool} works on regular files only")
+
+def open_regular(path, shown, flags):
+    # Check before opening (a FIFO's open would wait for a writer), then open
+    # non-blocking and check again: a file swapped for a FIFO in between cannot block.
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    else:
+        if not stat.S_ISREG(mode):
+            refuse(shown, mode)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == 6:  # ENXIO: a FIFO without a reader, or a socket
+            refuse(shown, os.stat(path).st_mode)
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        refuse(shown, st.st_mode)
+    os.set_blocking(fd, True)
+    return fd, st
+
+def read_text(path, shown, limit=None):
+    fd, st = open_regular(path, shown, os.O_RDONLY)
+    if limit is not None and st.st_size > limit:
+        os.close(fd)
+        answer(error=f"{shown} is {st.st_size} bytes; read_file reads at most {limit}")
+    with open(fd, encoding="utf-8", errors="replace" if limit is not None else "strict") as f:
+        return f.read()
+
+def write_text(path, shown, text):
+    fd, _ = open_regular(path, shown, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
 try:
     if tool == "read_file":
         path = resolve(args["path"])
-        size = os.path.getsize(path)
-        if size > req["max_read"]:
-            limit = req["max_read"]
-            answer(error=f"{args['path']} is {size} bytes; read_file reads at most {limit}")
-        with open(path, encoding="utf-8", errors="replace") as f:
-            answer({"path": args["path"], "content": f.read()})
+        content = read_text(path, args["path"], req["max_read"])
+        answer({"path": args["path"], "content": content})
     elif tool == "write_file":
         path = resolve(args["path"])
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(args["content"])
+        write_text(path, args["path"], args["content"])
         answer({"path": args["path"], "bytes_written": len(args["content"].encode())})
     elif tool == "edit_file":
         path = resolve(args["path"])
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_text(path, args["path"])
         count = text.count(args["old_string"])
         if count != 1:
             where = args["path"]
             answer(error=f"old_string occurs {count} times in {where}; it must occur exactly once")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text.replace(args["old_string"], args["new_string"], 1))
+        write_text(path, args["path"], text.replace(args["old_string"], args["new_string"], 1))
         answer({"path": args["path"], "replaced": 1})
     elif tool == "list_dir":
         path = resolve(args.get("path", "."))
@@ -82,7 +122,23 @@ except (OSError, ValueError, KeyError) as exc:
 """
 
 
-def _bash_outcome(result: SandboxResult) -> ToolOutcome:
+def _killed(result: SandboxResult, policy: SandboxPolicy) -> str:
+    """Why the call was killed, in words the model can act on."""
+    reason = result.killed_reason
+    mib = 1024 * 1024
+    if reason == "memory":
+        return (
+            f"killed: memory: the command's processes together went over the "
+            f"{policy.memory_bytes // mib} MiB memory limit of a tool call"
+        )
+    if reason == "cpu_time":
+        return "killed: cpu_time: the command's processes together used up the call's CPU time"
+    if reason == "file_size":
+        return f"killed: file_size: a file grew past {policy.file_size_bytes // mib} MiB"
+    return f"killed: {reason}"
+
+
+def _bash_outcome(result: SandboxResult, policy: SandboxPolicy) -> ToolOutcome:
     output = {
         "exit_code": result.exit_code,
         "stdout": result.stdout,
@@ -92,7 +148,7 @@ def _bash_outcome(result: SandboxResult) -> ToolOutcome:
     if result.timed_out:
         return ToolOutcome(output=output, error=f"timed out; {result.killed_reason or 'killed'}")
     if result.killed_reason:
-        return ToolOutcome(output=output, error=f"killed: {result.killed_reason}")
+        return ToolOutcome(output=output, error=_killed(result, policy))
     if result.exit_code != 0:
         tail = result.stderr.strip()[-2000:]
         detail = f": {tail}" if tail else ""
@@ -122,7 +178,8 @@ async def run_tool(
         if "\0" in command:
             return ToolOutcome(error="bash: the command contains a NUL character")
         return _bash_outcome(
-            await run_sandboxed(["/bin/bash", "-c", command], policy, launchers=launchers)
+            await run_sandboxed(["/bin/bash", "-c", command], policy, launchers=launchers),
+            policy,
         )
     request = json.dumps({"tool": tool, "input": tool_input, "max_read": MAX_READ_BYTES})
     # The answer is JSON (escaping can double a file's size): never cut it.
@@ -133,8 +190,10 @@ async def run_tool(
         stdin=request.encode(),
         launchers=launchers,
     )
-    if result.exit_code != 0 or result.timed_out:
-        return ToolOutcome(error=f"{tool} failed: {result.stderr.strip()[-2000:] or 'killed'}")
+    if result.killed_reason:
+        return ToolOutcome(error=f"{tool} failed: {_killed(result, file_policy)}")
+    if result.exit_code != 0:
+        return ToolOutcome(error=f"{tool} failed: {result.stderr.strip()[-2000:] or 'no output'}")
     try:
         answer = json.loads(result.stdout)
     except json.JSONDecodeError:

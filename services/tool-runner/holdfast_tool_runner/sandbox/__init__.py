@@ -12,14 +12,16 @@ reasons are documented in the module of each: ``bwrap`` (what is visible),
 from .launchers import Launchers
 from .policy import SandboxPolicy, SandboxResult, SandboxUnavailable
 from .probe import SandboxProbe, probe
-from .runner import launcher_pool, reap_leftovers, run_sandboxed
+from .runner import Host, default_host, launcher_pool, reap_leftovers, run_sandboxed
 
 __all__ = [
+    "Host",
     "Launchers",
     "SandboxPolicy",
     "SandboxProbe",
     "SandboxResult",
     "SandboxUnavailable",
+    "default_host",
     "launcher_pool",
     "probe",
     "reap_leftovers",

@@ -22,6 +22,8 @@ class SandboxPolicy:
 
     ``workspace`` is the only writable host directory (mounted at ``/workspace``, the
     working directory). Everything else is a limit; the defaults suit a shell tool call.
+    ``memory_bytes``, ``pids_max`` and ``cpu_quota`` bound the call as a whole (all its
+    processes together: limits.py says how on each host).
     """
 
     workspace: Path
@@ -33,7 +35,8 @@ class SandboxPolicy:
     cpu_quota: float = 1.0
     # Cap on each of stdout and stderr; the rest is read and discarded.
     max_output_bytes: int = 64 * KiB
-    # Largest file a process may write (RLIMIT_FSIZE): the disk-fill guard.
+    # Largest file a process may write (RLIMIT_FSIZE). The workspace's own filesystem
+    # caps their total (disk.py, HOLDFAST_WORKSPACE_MAX_BYTES).
     file_size_bytes: int = 256 * MiB
     # Size of each private tmpfs (/tmp and /dev/shm), which live in host memory.
     tmpfs_bytes: int = 64 * MiB

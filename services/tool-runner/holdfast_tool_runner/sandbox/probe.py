@@ -1,4 +1,11 @@
-"""What the sandbox can use on this host, for /health and for start-up logs."""
+"""What the sandbox can use on this host, for /health and for start-up logs.
+
+``limits`` names the mechanism in force for each limit of a call (limits.py, disk.py):
+``pids``: cgroup2 | cgroup1 | rlimit; ``memory``: cgroup2 | cgroup1 | rss-budget;
+``cpu``: cgroup2 | cgroup1 | time-budget; ``file_size``: rlimit; ``kill``: cgroup2 |
+cgroup1 | session; ``disk``: loop-ext4 | tmpfs | none (as the runner's workspaces
+report it, ``unknown`` if it did not pass them).
+"""
 
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ class SandboxProbe:
     # Where a sandbox with network goes: "slirp4netns" (its own namespace, the host's
     # loopback refused) or "host" (slirp4netns not installed: the host's namespace).
     network: str = "host"
+    # The workspaces' filesystem: {"disk", "max_bytes", "problem"} (Workspaces.describe).
+    workspaces: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +56,7 @@ class SandboxProbe:
             "cgroup2_controllers": list(self.cgroup2_controllers),
             "limits": dict(self.limits),
             "network": self.network,
+            "workspaces": dict(self.workspaces),
         }
 
 
@@ -68,8 +78,11 @@ def _user_namespaces() -> bool:
         return False
 
 
-async def probe() -> SandboxProbe:
-    """Check every layer, then run ``true`` in a real sandbox to prove they combine."""
+async def probe(*, workspaces: Mapping[str, Any] | None = None) -> SandboxProbe:
+    """Check every layer, then run ``true`` in a real sandbox to prove they combine.
+
+    ``workspaces``: the runner's ``Workspaces.describe()``, reported with the limits.
+    """
     problems: list[str] = []
     version = await _bwrap_version()
     try:
@@ -89,6 +102,7 @@ async def probe() -> SandboxProbe:
     except SandboxUnavailable as exc:
         limits = {}
         problems.append(str(exc))
+    limits["disk"] = str((workspaces or {}).get("disk", "unknown"))
 
     slirp = network.slirp4netns()
     # A workspace whose parent is closed to other users, as run_sandboxed requires.
@@ -120,4 +134,5 @@ async def probe() -> SandboxProbe:
         cgroup2_controllers=tuple(sorted(cgroups.v2_controllers)),
         limits=MappingProxyType(limits),
         network="slirp4netns" if slirp else "host",
+        workspaces=MappingProxyType(dict(workspaces or {})),
     )

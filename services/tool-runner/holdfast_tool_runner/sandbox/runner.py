@@ -7,7 +7,9 @@ execute ``bwrap ... -- perl shim ... -- argv`` as a new session, read
 stdout/stderr up to the cap (discarding the rest so the command never blocks on a
 full pipe), and on the wall-clock timeout kill everything: ``cgroup.kill``, the
 session's process group, and bwrap's pid namespace, whose processes the kernel
-kills when bwrap's init exits. The result is trusted only if the shim reported
+kills when bwrap's init exits. Where no cgroup enforces the memory or CPU limit on
+the call as a whole, a watch polls the call (``CallLimits.over``) and kills all of
+it once the call is over its limit. The result is trusted only if the shim reported
 that the sandbox was fully set up; otherwise ``SandboxUnavailable`` says why and
 nothing ran unsandboxed.
 
@@ -35,7 +37,7 @@ from types import MappingProxyType
 from . import bwrap as bw
 from . import landlock, network, seccomp
 from .launchers import Launcher, Launchers
-from .limits import CallLimits, Hierarchies, hierarchies
+from .limits import WATCH_SECONDS, CallLimits, Hierarchies, hierarchies
 from .policy import SandboxPolicy, SandboxResult, SandboxUnavailable
 
 _KILL_GRACE_SECONDS = 2.0
@@ -45,7 +47,13 @@ _SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib"
 
 @dataclass(frozen=True)
 class Host:
-    """What this host offers, found once per process."""
+    """What this host offers the sandbox: found by :meth:`discover`, then passed in.
+
+    ``run_sandboxed`` and ``launcher_pool`` take one (``host=``), so a caller
+    (and a test) can hand in other facts — a missing tool, a kernel without
+    Landlock — without patching anything; without one they use
+    :func:`default_host`, discovered once per process.
+    """
 
     bwrap: str
     perl: str
@@ -54,33 +62,37 @@ class Host:
     private_devices: Path | None
     slirp4netns: str | None = None  # None: a sandbox with network shares the host's
 
+    @classmethod
+    def discover(cls, *, path: str | None = None) -> Host:
+        """Look at this host (``path``: where to look for ``bwrap``, default
+        ``$PATH``); raises SandboxUnavailable naming what is missing."""
+        found = shutil.which("bwrap", path=path)
+        if found is None:
+            raise SandboxUnavailable(
+                "bwrap: bubblewrap is not installed (apt-get install bubblewrap)"
+            )
+        if not os.access(landlock.PERL, os.X_OK):
+            raise SandboxUnavailable(
+                f"landlock: {landlock.PERL} is missing; the in-sandbox shim needs it "
+                "(Debian: perl-base, which is Essential)"
+            )
+        try:
+            abi = landlock.kernel_abi()
+        except OSError as exc:
+            raise SandboxUnavailable(f"landlock: cannot query the kernel: {exc}") from exc
+        for allowed in (False, True):
+            seccomp.filter_program(network=allowed)
+        found_cgroups = hierarchies()
+        found_cgroups.mechanisms()  # fails closed if processes cannot be bounded
+        devices = bw.private_devices() if os.geteuid() == 0 else None
+        return cls(found, landlock.PERL, abi, found_cgroups, devices, network.slirp4netns())
+
 
 @functools.cache
-def _host() -> Host:
-    # Not cached when it raises: a host fixed later (bwrap installed) is picked up.
-    found = shutil.which("bwrap")
-    if found is None:
-        raise SandboxUnavailable("bwrap: bubblewrap is not installed (apt-get install bubblewrap)")
-    if not os.access(landlock.PERL, os.X_OK):
-        raise SandboxUnavailable(
-            f"landlock: {landlock.PERL} is missing; the in-sandbox shim needs it "
-            "(Debian: perl-base, which is Essential)"
-        )
-    try:
-        abi = landlock.kernel_abi()
-    except OSError as exc:
-        raise SandboxUnavailable(f"landlock: cannot query the kernel: {exc}") from exc
-    for allowed in (False, True):
-        seccomp.filter_program(network=allowed)
-    found_cgroups = hierarchies()
-    found_cgroups.mechanisms()  # fails closed if processes cannot be bounded
-    devices = bw.private_devices() if os.geteuid() == 0 else None
-    return Host(found, landlock.PERL, abi, found_cgroups, devices, network.slirp4netns())
-
-
-def host() -> Host:
-    """The host's sandbox facilities; raises SandboxUnavailable naming what is missing."""
-    return _host()
+def default_host() -> Host:
+    """This host, discovered on first use. Not cached when it raises: a host
+    fixed later (bwrap installed) is picked up by the next call."""
+    return Host.discover()
 
 
 def _network_mode(policy: SandboxPolicy, found: Host) -> str:
@@ -151,6 +163,7 @@ class _Call:
         self.limits = limits
         self.process: asyncio.subprocess.Process | None = None
         self.reaped = False
+        self.over: str | None = None  # the per-call limit the watch killed it for
 
     def kill(self) -> None:
         self.limits.kill()
@@ -189,6 +202,21 @@ def _killed_reason(code: int, events: tuple[str, ...]) -> str | None:
         return None
 
 
+async def _watch(call: _Call, policy: SandboxPolicy, root_pid: int) -> None:
+    """Kill the call once it is over a limit no cgroup enforces on it as a whole."""
+    limits = call.limits
+    while True:
+        await asyncio.sleep(WATCH_SECONDS)
+        if limits.watch_reads_procfs:  # a few /proc files per process: off the loop
+            over = await asyncio.to_thread(limits.over, policy, root_pid)
+        else:
+            over = limits.over(policy, root_pid)
+        if over is not None:
+            call.over = over
+            call.kill()
+            return
+
+
 async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         stdin.write(data)
@@ -196,9 +224,9 @@ async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
     stdin.close()
 
 
-def launcher_pool(*, spares: int) -> Launchers:
-    """A pool of ``spares`` launchers for ``run_sandboxed`` on this host (see launchers.py)."""
-    found = host()
+def launcher_pool(*, spares: int, host: Host | None = None) -> Launchers:
+    """A pool of ``spares`` launchers for ``run_sandboxed`` on ``host`` (see launchers.py)."""
+    found = host or default_host()
     return Launchers(found.perl, found.cgroups, spares=spares)
 
 
@@ -208,6 +236,7 @@ async def run_sandboxed(
     *,
     stdin: bytes | None = None,
     launchers: Launchers | None = None,
+    host: Host | None = None,
 ) -> SandboxResult:
     """Run ``argv`` in the sandbox described by ``policy`` and report what happened.
 
@@ -215,13 +244,14 @@ async def run_sandboxed(
     empty stdin), a scrubbed environment, and the policy's limits. Never raises for
     anything the command does; raises SandboxUnavailable, without running anything,
     if the sandbox cannot be set up. With ``launchers``, the call starts from a
-    launcher spawned ahead of it; without, it spawns its own first.
+    launcher spawned ahead of it; without, it spawns its own first. ``host``: the
+    facilities to use (default: :func:`default_host`).
     """
     if not argv:
         raise ValueError("argv is empty")
     if any("\0" in arg for arg in argv):
         raise ValueError("embedded null byte in the command line")
-    found = host()
+    found = host or default_host()
     workspace = _check_workspace(policy.workspace)
     tag = workspace_tag(workspace)
     if launchers is not None:
@@ -286,6 +316,7 @@ async def run_sandboxed(
         asyncio.create_task(err.pump(process.stderr)),
     ]
     feeder = asyncio.create_task(_feed(process.stdin, stdin or b""))
+    watch = asyncio.create_task(_watch(call, policy, process.pid)) if call.limits.watched else None
     timed_out = False
     duration_ms = 0.0
     try:
@@ -297,6 +328,9 @@ async def run_sandboxed(
             timed_out = True
         duration_ms = (time.monotonic() - started) * 1000
     finally:
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
         call.kill()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(process.wait(), _KILL_GRACE_SECONDS)
@@ -307,6 +341,8 @@ async def run_sandboxed(
         if uplink is not None:
             uplink.close()
         events = call.limits.events()
+        if call.over is not None and call.over not in events:
+            events += (call.over,)
         await call.limits.release()
         _forget(tag, call)
         if launchers is not None:
@@ -326,9 +362,14 @@ async def run_sandboxed(
         if not status.startswith(b"K"):
             detail = status[1:].decode(errors="replace") or err.text().strip()
             raise SandboxUnavailable(f"sandbox set-up failed: {detail or f'exit {code}'}")
-        reason = _killed_reason(code if code is not None else -signal.SIGKILL, events)
+        if call.over is not None:
+            reason = call.over
+        else:
+            reason = _killed_reason(code if code is not None else -signal.SIGKILL, events)
+    # Killed from outside, every process at once: no exit code of the command's own.
+    killed_whole = reason in ("timeout", "reaped") or call.over is not None
     return SandboxResult(
-        exit_code=None if reason in ("timeout", "reaped") or code is None or code < 0 else code,
+        exit_code=None if killed_whole or code is None or code < 0 else code,
         stdout=out.text(),
         stderr=err.text(),
         truncated=out.truncated or err.truncated,
@@ -357,7 +398,7 @@ async def reap_leftovers(workspace: Path) -> int:
         call.reaped = True
         call.kill()
     try:
-        orphans = list(host().cgroups.orphans())
+        orphans = list(default_host().cgroups.orphans())
     except SandboxUnavailable:
         orphans = []
     for cgroup in orphans:

@@ -18,7 +18,12 @@ Default allow; these fail with EPERM:
   to clone);
 * ioctl TIOCSTI / TIOCLINUX (push input into a terminal), compared on the low 32
   bits of the request because the kernel ignores the high ones;
-* with the network off, socket() for any family but AF_UNIX.
+* with the network off, socket() for any family but AF_UNIX;
+* setting a setuid or setgid bit: chmod, fchmod, fchmodat(2), mknod(at), creat, and
+  open/openat with O_CREAT or O_TMPFILE, whose mode has S_ISUID or S_ISGID. A file the
+  sandbox makes is owned by the engine's uid on the host (root, under a root engine);
+  workspaces are mounted nosuid where they can be (disk.py), this covers where they
+  cannot. ``openat2`` (its mode behind a pointer) answers ENOSYS; libc never needs it.
 
 Only the native architecture is allowed; a syscall made through another ABI (i386
 ``int 0x80``, x32) kills the process, libseccomp's default for a foreign arch.
@@ -65,6 +70,22 @@ DENIED_SYSCALLS = (
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 AF_UNIX = 1
+S_ISUID = 0o4000
+S_ISGID = 0o2000
+O_CREAT = 0o100
+O_TMPFILE = 0o20200000  # __O_TMPFILE | O_DIRECTORY, as libc passes it
+# (syscall, index of its mode argument, index of its flags argument or None)
+MODE_SYSCALLS = (
+    ("chmod", 1, None),
+    ("fchmod", 1, None),
+    ("fchmodat", 2, None),
+    ("fchmodat2", 2, None),
+    ("mknod", 1, None),
+    ("mknodat", 2, None),
+    ("creat", 1, None),
+    ("open", 2, 1),
+    ("openat", 3, 2),
+)
 CLONE_NAMESPACE_FLAGS = (
     0x00020000,  # CLONE_NEWNS
     0x02000000,  # CLONE_NEWCGROUP
@@ -158,6 +179,16 @@ def filter_program(*, network: bool) -> bytes:
             _add_rule(lib, ctx, eperm, "ioctl", (1, _SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, request))
         if not network:
             _add_rule(lib, ctx, eperm, "socket", (0, _SCMP_CMP_NE, AF_UNIX, 0))
+        _add_rule(lib, ctx, _errno_action(errno.ENOSYS), "openat2")
+        for name, mode_arg, flags_arg in MODE_SYSCALLS:
+            for bit in (S_ISUID, S_ISGID):
+                mode_cmp = (mode_arg, _SCMP_CMP_MASKED_EQ, bit, bit)
+                if flags_arg is None:
+                    _add_rule(lib, ctx, eperm, name, mode_cmp)
+                    continue
+                for creating in (O_CREAT, O_TMPFILE):
+                    flags_cmp = (flags_arg, _SCMP_CMP_MASKED_EQ, creating, creating)
+                    _add_rule(lib, ctx, eperm, name, flags_cmp, mode_cmp)
         with tempfile.TemporaryFile() as out:
             res = lib.seccomp_export_bpf(ctx, out.fileno())
             if res < 0:
