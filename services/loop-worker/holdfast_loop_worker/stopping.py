@@ -1,0 +1,69 @@
+"""Who stops a running turn from outside, and how the turn takes its own stops.
+
+A turn runs as one asyncio task. Two parties stop it from outside, both in
+the consumer, both through :meth:`TurnStop.request`:
+
+* the cancel listener, for ``POST /execute/cancel`` — reason ``cancel``: the
+  turn ends ``completed`` with ``stop_reason: "cancelled"``;
+* the drain at shutdown, for a turn still running when the drain time is
+  up — reason ``handoff``: the turn is snapshotted and queued for another
+  worker.
+
+Each request cancels the task once and is counted. When the turn sees
+``CancelledError`` it calls :meth:`TurnStop.consume`, which takes back
+(``uncancel``) exactly the cancellations it requested — and only when they
+are all the task has pending. Any other cancellation (the worker's own
+shutdown, a test, an enclosing scope) is not ours: ``consume`` returns None,
+the turn re-raises, and the outside cancel wins. ``asyncio.timeout`` keeps
+its own count the same way, so a deadline and a stop never mistake each
+other.
+
+When both reasons were requested, ``cancel`` wins: the user asked for the
+turn to stop, and a hand-back would only run it again elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+StopReason = Literal["cancel", "handoff"]
+
+
+class TurnStop:
+    """The stop requests for one turn's task."""
+
+    def __init__(self) -> None:
+        self.reason: StopReason | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._requested = 0
+
+    def bind(self, task: asyncio.Task[Any]) -> None:
+        """The task that runs the turn: the one :meth:`request` cancels."""
+        self._task = task
+
+    def request(self, reason: StopReason) -> bool:
+        """Stop the turn for ``reason``; False when it is not running (any more)."""
+        task = self._task
+        if task is None or task.done():
+            return False
+        if self.reason != "cancel":
+            self.reason = reason
+        self._requested += 1
+        task.cancel()
+        return True
+
+    def consume(self) -> StopReason | None:
+        """From the turn's ``except CancelledError``: the reason the turn was
+        stopped for when every pending cancellation is one of ours (they are
+        taken back, so the turn can end properly); None when someone else
+        cancelled too, and the caller must re-raise."""
+        task = asyncio.current_task()
+        if task is None or task is not self._task or self._requested == 0:
+            return None
+        if task.cancelling() > self._requested:
+            return None
+        for _ in range(self._requested):
+            task.uncancel()
+        self._requested = 0
+        return self.reason
