@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from tests.processes import EngineProcesses
+from tests.processes import EngineProcesses, unmount_workspaces
 from tests.servers import postgres_server, redis_server
 
 RUN_ID = secrets.token_hex(4)
@@ -111,8 +111,10 @@ def engine_env(redis_url: str, database_url: str, prefix: str, **extra: str) -> 
 
 
 @pytest.fixture(scope="session")
-def workspace_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("workspaces")
+def workspace_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("workspaces")
+    yield root
+    unmount_workspaces(root)
 
 
 @pytest.fixture(scope="session")

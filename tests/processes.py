@@ -108,6 +108,18 @@ class EngineProcesses:
                 proc.wait()
 
 
+def unmount_workspaces(root: Path | str | None) -> None:
+    """Each workspace is a filesystem of its own (the tool-runner's
+    workspaces.py); they stay mounted when the runners stop, as they should
+    for a later runner. A test's directory goes away, so its mounts go first."""
+    if not root:
+        return
+    prefix = f"{root}/"
+    points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
 @contextlib.contextmanager
 def running_engine(
     env: dict[str, str], *, workers: int = 1, runners: int = 0, gateways: int = 1
@@ -124,3 +136,4 @@ def running_engine(
         yield procs
     finally:
         procs.stop()
+        unmount_workspaces(env.get("HOLDFAST_WORKSPACE_ROOT"))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from holdfast_shared.tasks import find_task
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -16,3 +19,22 @@ async def engine_task_id(
         task = await find_task(session, TENANTS[tenant], name)
     assert task is not None, f"no task {name!r} for tenant {tenant!r}"
     return task.id
+
+
+async def workspace_of(
+    sessions: async_sessionmaker[AsyncSession],
+    root: Path,
+    name: str,
+    tenant: str = "main",
+    *,
+    wait: float = 10.0,
+) -> Path:
+    """Where a tool-runner under ``root`` keeps the workspace of the tenant's
+    task ``name`` (``<root>/<tenant>/<engine id>``), once the task exists."""
+    for _ in range(int(wait / 0.05)):
+        async with sessions() as session:
+            task = await find_task(session, TENANTS[tenant], name)
+        if task is not None:
+            return root / TENANTS[tenant] / task.id
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no task {name!r} for tenant {tenant!r} after {wait} s")

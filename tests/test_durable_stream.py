@@ -11,10 +11,12 @@ import httpx
 import pytest
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.conftest import engine_env
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute, replay
+from tests.taskids import engine_task_id
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -44,7 +46,11 @@ async def wait_until_trimmed(redis: Redis, key: str, patience: float = 20) -> No
 
 @pytest.mark.slow
 async def test_resume_after_the_hot_copy_was_trimmed(
-    short_ttl_engine: EngineProcesses, api_keys: dict[str, str], redis: Redis, redis_prefix: str
+    short_ttl_engine: EngineProcesses,
+    api_keys: dict[str, str],
+    redis: Redis,
+    redis_prefix: str,
+    sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     key = api_keys["main"]
     url = short_ttl_engine.url
@@ -53,7 +59,8 @@ async def test_resume_after_the_hot_copy_was_trimmed(
             client, url, key, {"message": script(text="w ", deltas=30, delay_ms=20)}, limit=5
         )
         task_id = first.headers["x-task-id"]
-        await wait_until_trimmed(redis, Keys(f"{redis_prefix}ttl:").events(task_id))
+        hot = Keys(f"{redis_prefix}ttl:").events(await engine_task_id(sessions, task_id))
+        await wait_until_trimmed(redis, hot)
 
         by_seq = await replay(client, url, key, {"task_id": task_id, "after_seq": 5})
         by_ts = await replay(

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from tests.processes import EngineProcesses
 from tests.sse_client import execute, replay
+from tests.taskids import engine_task_id
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,26 +83,40 @@ async def test_malformed_json_is_422(engine: EngineProcesses, api_keys: dict[str
     assert_error(bad_cursor, 422, "INVALID_REQUEST")
 
 
-async def test_other_tenants_task_is_not_found(
+async def test_task_names_are_per_tenant(
     engine: EngineProcesses, api_keys: dict[str, str], sessions
 ) -> None:
+    # Another tenant using the same name gets a task of its own: it neither
+    # sees this one nor learns that it exists (no 404 to probe names with).
     async with httpx.AsyncClient(timeout=30) as client:
         mine = await execute(client, engine.url, api_keys["main"], {"message": "private"})
         task_id = mine.headers["x-task-id"]
         theirs = await execute(
             client, engine.url, api_keys["other"], {"message": "peek", "task_id": task_id}
         )
-        their_replay = await replay(client, engine.url, api_keys["other"], {"task_id": task_id})
+        their_replay = await replay(
+            client, engine.url, api_keys["other"], {"task_id": task_id, "after": 0}
+        )
+        my_replay = await replay(
+            client, engine.url, api_keys["main"], {"task_id": task_id, "after": 0}
+        )
         unknown = await replay(client, engine.url, api_keys["main"], {"task_id": "no-such-task"})
-    assert theirs.status == 404 and theirs.body["error"] == "TASK_NOT_FOUND"
-    assert their_replay.status == 404 and their_replay.body["error"] == "TASK_NOT_FOUND"
+    assert theirs.status == 200 and theirs.headers["x-task-id"] == task_id
+    assert theirs.events[0]["seq"] == 1, "a new task of its own"
+    assert their_replay.events == theirs.events
+    assert my_replay.events == mine.events
+    assert all(e["task_id"] == task_id for e in my_replay.events + their_replay.events)
     assert unknown.status == 404 and unknown.body["error"] == "TASK_NOT_FOUND"
     async with sessions() as session:
-        count = await session.scalar(
-            select(func.count()).select_from(Message).where(Message.task_id == task_id)
-        )
-        owner = await session.scalar(select(Task.tenant_id).where(Task.id == task_id))
-    assert count == 2 and owner == "tenant-main"
+        rows = (
+            await session.execute(select(Task.tenant_id, Task.id).where(Task.name == task_id))
+        ).all()
+        assert sorted(tenant for tenant, _ in rows) == ["tenant-main", "tenant-other"]
+        for _, engine_id in rows:
+            count = await session.scalar(
+                select(func.count()).select_from(Message).where(Message.task_id == engine_id)
+            )
+            assert count == 2  # each task has only its own user message and reply
 
 
 async def test_second_execute_while_running_is_409(
@@ -123,11 +138,12 @@ async def test_second_execute_while_running_is_409(
         # The running turn is unaffected and finishes.
         rest = await replay(client, engine.url, key, {"task_id": task_id[0]})
     assert rest.events[-1]["phase"] == "completed"
+    engine_id = await engine_task_id(sessions, task_id[0])
     async with sessions() as session:
         users = await session.scalar(
             select(func.count())
             .select_from(Message)
-            .where(Message.task_id == task_id[0], Message.role == "user")
+            .where(Message.task_id == engine_id, Message.role == "user")
         )
     assert users == 1, "the refused message was not stored"
 
@@ -144,7 +160,11 @@ async def test_health_needs_no_key(engine: EngineProcesses) -> None:
 
 
 async def test_a_lock_left_by_a_dead_gateway_does_not_block_the_task(
-    engine: EngineProcesses, api_keys: dict[str, str], redis: Any, redis_prefix: str
+    engine: EngineProcesses,
+    api_keys: dict[str, str],
+    redis: Any,
+    redis_prefix: str,
+    sessions: Any,
 ) -> None:
     # A gateway killed between taking the turn lock and committing the turn
     # leaves a lock whose turn never existed.
@@ -152,17 +172,18 @@ async def test_a_lock_left_by_a_dead_gateway_does_not_block_the_task(
     async with httpx.AsyncClient(timeout=30) as client:
         first = await execute(client, engine.url, key, {"message": "before"})
         task_id = first.headers["x-task-id"]
+        lock = Keys(redis_prefix).running_turn(await engine_task_id(sessions, task_id))
         ghost = f"turn_{int((time.time() - 60) * 1000):012x}{'0' * 16}"
-        await redis.set(Keys(redis_prefix).running_turn(task_id), ghost, ex=3600)
+        await redis.set(lock, ghost, ex=3600)
         after = await execute(client, engine.url, key, {"message": "after", "task_id": task_id})
         fresh = f"turn_{int(time.time() * 1000):012x}{'0' * 16}"
-        await redis.set(Keys(redis_prefix).running_turn(task_id), fresh, ex=3600)
+        await redis.set(lock, fresh, ex=3600)
         young = await client.post(
             f"{engine.url}/execute",
             json={"message": "too soon", "task_id": task_id},
             headers={"X-Engine-Key": key},
         )
-        await redis.delete(Keys(redis_prefix).running_turn(task_id))
+        await redis.delete(lock)
     assert after.status == 200 and after.events[-1]["phase"] == "completed"
     # A young lock may belong to a request still committing: it is respected.
     assert young.status_code == 409

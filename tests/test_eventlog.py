@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 
 from holdfast_shared.db.models import EventRecord
 from holdfast_shared.eventlog import EventLog
-from holdfast_shared.events import TextDelta, ThreadLifecycle, parse_event
+from holdfast_shared.events import (
+    EVENT_TYPES,
+    TextDelta,
+    ThreadLifecycle,
+    ToolCall,
+    body_json,
+    ends_turn,
+    envelope_json,
+    heartbeat_json,
+    parse_event,
+    turn_of,
+)
 from sqlalchemy import func, select
 
 
@@ -17,8 +29,10 @@ def task() -> str:
 
 async def test_seq_and_timestamp_are_assigned_in_order(eventlog: EventLog) -> None:
     t = task()
-    first = await eventlog.append(t, "turn_a", [ThreadLifecycle(phase="started")], new_task=True)
-    more = await eventlog.append(t, "turn_a", [TextDelta(text=str(i)) for i in range(50)])
+    first = await eventlog.append(
+        t, "turn_a", [ThreadLifecycle(phase="started")], name=t, new_task=True
+    )
+    more = await eventlog.append(t, "turn_a", [TextDelta(text=str(i)) for i in range(50)], name=t)
     assert first.first_seq == 1 and more.first_seq == 2 and more.last_seq == 51
     stamps = first.timestamps + more.timestamps
     # 50 events in one script call land in the same millisecond: the logical
@@ -34,7 +48,7 @@ async def test_seq_and_timestamp_are_assigned_in_order(eventlog: EventLog) -> No
 async def test_timestamp_cursor_maps_to_exact_seq(eventlog: EventLog) -> None:
     t = task()
     appended = await eventlog.append(
-        t, "turn_a", [TextDelta(text="x") for _ in range(37)], new_task=True
+        t, "turn_a", [TextDelta(text="x") for _ in range(37)], name=t, new_task=True
     )
     for i, ts in enumerate(appended.timestamps):
         assert await eventlog.seq_at_timestamp(t, ts) == i + 1
@@ -46,7 +60,9 @@ async def test_archive_then_expire_then_continue_from_postgres(
     eventlog: EventLog, sessions
 ) -> None:
     t = task()
-    await eventlog.append(t, "turn_a", [TextDelta(text=str(i)) for i in range(10)], new_task=True)
+    await eventlog.append(
+        t, "turn_a", [TextDelta(text=str(i)) for i in range(10)], name=t, new_task=True
+    )
     # Archive everything dirty (other tests' tasks too: harmless, idempotent).
     await eventlog.archive_pending()
     await eventlog.archive_pending()
@@ -68,7 +84,7 @@ async def test_archive_then_expire_then_continue_from_postgres(
     # continue from PostgreSQL and reads stitch both stores together.
     last_ts = (await eventlog.read_cold(t, 9, None))[0]
     await eventlog.redis.delete(key, eventlog.keys.archived(t))
-    more = await eventlog.append(t, "turn_b", [TextDelta(text="new")])
+    more = await eventlog.append(t, "turn_b", [TextDelta(text="new")], name=t)
     assert more.first_seq == 11
     assert more.timestamps[0] > parse_event(last_ts.data).timestamp
     assert await eventlog.redis.pttl(key) == -1, "unarchived events never expire"
@@ -80,7 +96,9 @@ async def test_archive_then_expire_then_continue_from_postgres(
 
 async def test_archiving_twice_writes_each_event_once(eventlog: EventLog, sessions) -> None:
     t = task()
-    await eventlog.append(t, None, [TextDelta(text="a"), TextDelta(text="b")], new_task=True)
+    await eventlog.append(
+        t, None, [TextDelta(text="a"), TextDelta(text="b")], name=t, new_task=True
+    )
     await eventlog.archive_task(t, 0)
     await eventlog.redis.delete(eventlog.keys.archived(t))  # lose the watermark
     await eventlog.archive_task(t, 0)
@@ -97,7 +115,9 @@ async def test_archive_now_commits_its_companion_with_the_events(
     # A snapshot is written in the transaction that archives the events it covers:
     # if it fails, those events are not marked archived either, and a retry has both.
     t = task()
-    await eventlog.append(t, None, [TextDelta(text="a"), TextDelta(text="b")], new_task=True)
+    await eventlog.append(
+        t, None, [TextDelta(text="a"), TextDelta(text="b")], name=t, new_task=True
+    )
 
     async def failing(session) -> None:
         raise RuntimeError("the snapshot could not be written")
@@ -136,7 +156,7 @@ async def test_archiving_many_events_in_batches(eventlog: EventLog, sessions) ->
     t = task()
     for chunk in range(6):
         bodies = [TextDelta(text=f"{chunk}.{i}") for i in range(200)]
-        await eventlog.append(t, None, bodies, new_task=chunk == 0)
+        await eventlog.append(t, None, bodies, name=t, new_task=chunk == 0)
     calls = 0
 
     async def companion(session) -> None:
@@ -152,3 +172,19 @@ async def test_archiving_many_events_in_batches(eventlog: EventLog, sessions) ->
             select(func.count()).select_from(EventRecord).where(EventRecord.task_id == t)
         )
     assert count == 1200
+
+
+def test_the_catalogue_reads_envelopes() -> None:
+    assert {"thread_lifecycle", "text_delta", "heartbeat", "usage"} <= EVENT_TYPES
+    # A tool input with a "turn_id" key of its own does not fool turn_of.
+    call = ToolCall(tool="x", tool_call_id="c1", input={"turn_id": "not-this"})
+    unowned = envelope_json("t", None, 1, 5, body_json(call))
+    owned = envelope_json("t", "turn_a", 1, 5, body_json(call))
+    assert turn_of(unowned) is None and turn_of(owned) == "turn_a"
+    done = envelope_json("t", "turn_a", 2, 6, body_json(ThreadLifecycle(phase="completed")))
+    started = envelope_json("t", "turn_a", 3, 7, body_json(ThreadLifecycle(phase="started")))
+    assert ends_turn("thread_lifecycle", done) and ends_turn("thread_lifecycle", done, "turn_a")
+    assert not ends_turn("thread_lifecycle", done, "turn_b")
+    assert not ends_turn("thread_lifecycle", started)
+    beat = {"type": "heartbeat", "task_id": "t", "timestamp": 9}
+    assert json.loads(heartbeat_json("t", 9)) == beat

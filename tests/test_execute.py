@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 
 from tests.processes import EngineProcesses
 from tests.sse_client import Received, execute, replay
+from tests.taskids import engine_task_id
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -164,7 +165,7 @@ async def test_messages_are_stored(
 ) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         got = await execute(client, engine.url, api_keys["main"], {"message": "store me"})
-    task_id = got.headers["x-task-id"]
+    task_id = await engine_task_id(sessions, got.headers["x-task-id"])
     async with sessions() as session:
         rows = (
             await session.execute(

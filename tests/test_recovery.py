@@ -19,6 +19,7 @@ from sqlalchemy import select
 from tests.conftest import engine_env
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import Received, execute, replay, stream
+from tests.taskids import workspace_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -143,7 +144,8 @@ async def test_worker_killed_during_a_tool_call_does_not_repeat_it(
         cluster.start_worker()
         got = await live
     assert_whole(got.events)
-    effects = (cluster.workspaces / task_id / "effects.log").read_text()  # type: ignore[attr-defined]
+    workspace = await workspace_of(sessions, cluster.workspaces, task_id)  # type: ignore[attr-defined]
+    effects = (workspace / "effects.log").read_text()
     assert effects == "ran\n", "the tool ran exactly once"
     results = [e for e in got.events if e["type"] == "tool_result"]
     assert len(results) == 1 and results[0]["output"]["stdout"] == "done\n"
@@ -151,7 +153,7 @@ async def test_worker_killed_during_a_tool_call_does_not_repeat_it(
 
 
 async def test_tool_runner_killed_mid_call_is_reported_not_rerun(
-    cluster: EngineProcesses, api_keys: dict[str, str]
+    cluster: EngineProcesses, api_keys: dict[str, str], sessions: Any
 ) -> None:
     key = api_keys["main"]
     task_id = f"runner-kill-{secrets.token_hex(3)}"
@@ -161,7 +163,8 @@ async def test_tool_runner_killed_mid_call_is_reported_not_rerun(
         live = asyncio.create_task(
             execute(client, cluster.url, key, {"message": message, "task_id": task_id})
         )
-        log = cluster.workspaces / task_id / "effects.log"  # type: ignore[attr-defined]
+        workspace = await workspace_of(sessions, cluster.workspaces, task_id)  # type: ignore[attr-defined]
+        log = workspace / "effects.log"
         for _ in range(100):
             if log.exists():
                 break

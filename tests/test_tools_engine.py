@@ -13,10 +13,14 @@ import pytest
 from holdfast_shared.db.models import Task, Turn
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
+from holdfast_tool_runner.sweeper import sweep_once
+from holdfast_tool_runner.workspaces import Workspaces
 from redis.asyncio import Redis
+from sqlalchemy import delete
 
 from tests.processes import EngineProcesses
 from tests.sse_client import Received, execute, stream
+from tests.taskids import TENANTS, engine_task_id, workspace_of
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -61,13 +65,35 @@ def by_type(got: Received, event_type: str) -> list[dict[str, Any]]:
     return [e for e in got.events if e["type"] == event_type]
 
 
+async def new_workspace(
+    client: httpx.AsyncClient,
+    base: str,
+    key: str,
+    sessions: Any,
+    root: Path,
+    name: str,
+    tenant: str = "main",
+) -> Path:
+    """Start the task ``name`` with a tool call, so its workspace exists; its path."""
+    got = await execute(
+        client,
+        base,
+        key,
+        {"message": tool_script({"name": "list_dir", "input": {}}), "task_id": name},
+    )
+    assert got.events[-1]["phase"] == "completed", got.events
+    return await workspace_of(sessions, root, name, tenant)
+
+
 async def test_allowed_tool_runs_without_asking(
-    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path, sessions: Any
 ) -> None:
     task_id = f"tools-{secrets.token_hex(4)}"
-    (workspace_root / task_id).mkdir()
-    (workspace_root / task_id / "notes.txt").write_text("remember the milk")
     async with httpx.AsyncClient(timeout=60) as client:
+        workspace = await new_workspace(
+            client, engine.url, api_keys["main"], sessions, workspace_root, task_id
+        )
+        (workspace / "notes.txt").write_text("remember the milk")
         got = await execute(
             client,
             engine.url,
@@ -89,7 +115,7 @@ async def test_allowed_tool_runs_without_asking(
 
 
 async def test_permission_prompt_yes_runs_the_tool(
-    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path, sessions: Any
 ) -> None:
     key = api_keys["main"]
     task_id = f"ask-{secrets.token_hex(4)}"
@@ -118,12 +144,13 @@ async def test_permission_prompt_yes_runs_the_tool(
         t for t in got.types if t in ("tool_call", "hitl_request", "hitl_resolved", "tool_result")
     ]
     assert order == ["tool_call", "hitl_request", "hitl_resolved", "tool_result"]
-    assert (workspace_root / task_id / "out.txt").read_text() == "hi\n"
+    workspace = await workspace_of(sessions, workspace_root, task_id)
+    assert (workspace / "out.txt").read_text() == "hi\n"
     assert got.events[-1]["phase"] == "completed"
 
 
 async def test_permission_denied_reaches_the_model_with_feedback(
-    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path, sessions: Any
 ) -> None:
     key = api_keys["main"]
     task_id = f"deny-{secrets.token_hex(4)}"
@@ -139,7 +166,8 @@ async def test_permission_denied_reaches_the_model_with_feedback(
     result = by_type(got, "tool_result")[0]
     assert "denied" in result["error"] and "not today" in result["error"]
     assert "not today" in got.text  # the model saw the refusal and its feedback
-    assert not (workspace_root / task_id / "x.txt").exists()
+    workspace = await workspace_of(sessions, workspace_root, task_id)
+    assert not (workspace / "x.txt").exists()
     assert got.events[-1]["phase"] == "completed"
 
 
@@ -223,9 +251,9 @@ async def test_workspaces_are_per_task_and_go_with_the_task(
 ) -> None:
     key = api_keys["main"]
     mine, other = f"ws-a-{secrets.token_hex(3)}", f"ws-b-{secrets.token_hex(3)}"
-    (workspace_root / mine).mkdir()
-    (workspace_root / mine / "kept.txt").write_text("turn one")
     async with httpx.AsyncClient(timeout=60) as client:
+        workspace = await new_workspace(client, engine.url, key, sessions, workspace_root, mine)
+        (workspace / "kept.txt").write_text("turn one")
         first = await execute(
             client,
             engine.url,
@@ -247,7 +275,7 @@ async def test_workspaces_are_per_task_and_go_with_the_task(
             key,
             {
                 "message": tool_script(
-                    {"name": "read_file", "input": {"path": f"../{mine}/kept.txt"}}
+                    {"name": "read_file", "input": {"path": f"../{workspace.name}/kept.txt"}}
                 ),
                 "task_id": other,
             },
@@ -266,11 +294,50 @@ async def test_workspaces_are_per_task_and_go_with_the_task(
     assert refused.status_code == 404
     assert deleted.status_code == 200
     assert gone.status_code == 404
-    for _ in range(100):
-        if not (workspace_root / mine).exists():
-            break
+    await gone_within(workspace, seconds=10)
+
+
+async def gone_within(path: Path, *, seconds: float) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if not await asyncio.to_thread(path.exists):
+            return
         await asyncio.sleep(0.05)
-    assert not (workspace_root / mine).exists()
+    raise AssertionError(f"{path} is still there after {seconds} s")
+
+
+async def test_a_deleted_tasks_files_never_reach_the_next_task_of_that_name(
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path, sessions: Any
+) -> None:
+    # The probe's race: tenant A fills task X's workspace and deletes X; at
+    # once tenant B (and A again) start a task X. Neither may see A's files,
+    # and the old workspace's removal must not wipe the new ones.
+    a, b = api_keys["main"], api_keys["other"]
+    read_secret = tool_script(
+        {"name": "read_file", "input": {"path": "secret.txt"}}, {"name": "list_dir", "input": {}}
+    )
+    async with httpx.AsyncClient(timeout=60) as client:
+        for round_ in range(4):
+            name = f"reuse-{round_}-{secrets.token_hex(3)}"
+            old = await new_workspace(client, engine.url, a, sessions, workspace_root, name)
+            (old / "secret.txt").write_text("tenant A's secret")
+            for i in range(2000):
+                (old / f"f{i:05d}").write_bytes(b"x")
+            deleted = await client.delete(f"{engine.url}/tasks/{name}", headers={"X-Engine-Key": a})
+            assert deleted.status_code == 200
+            theirs, again = await asyncio.gather(
+                execute(client, engine.url, b, {"message": read_secret, "task_id": name}),
+                execute(client, engine.url, a, {"message": read_secret, "task_id": name}),
+            )
+            for got in (theirs, again):
+                assert got.status == 200 and got.events[0]["seq"] == 1, "a new task"
+                secret, listing = by_type(got, "tool_result")
+                assert "error" in secret and "secret" not in json.dumps(secret.get("output"))
+                assert listing["output"]["entries"] == []
+            new_b = await workspace_of(sessions, workspace_root, name, "other")
+            new_a = await workspace_of(sessions, workspace_root, name)
+            assert len({old, new_a, new_b}) == 3
+            await gone_within(old, seconds=20)
+            assert new_a.is_dir() and new_b.is_dir(), "the old removal reached a new workspace"
 
 
 async def test_the_model_asks_the_user_and_the_answer_is_the_result(
@@ -315,7 +382,12 @@ async def test_health_lists_the_tool_runners_and_their_sandbox(engine: EnginePro
     for report in runners.values():
         assert report["available"] is True, report
         assert report["network"] in ("slirp4netns", "host")
-        assert set(report["limits"]) == {"pids", "memory", "cpu", "file_size", "kill"}
+        limits = report["limits"]
+        assert set(limits) == {"pids", "memory", "cpu", "file_size", "kill", "disk"}
+        # Each names the mechanism in force for a whole call, never "unknown".
+        assert limits["memory"] in ("cgroup2", "cgroup1", "rss-budget"), limits
+        assert limits["disk"] in ("loop-ext4", "tmpfs", "none"), limits
+        assert report["workspaces"]["disk"] == limits["disk"]
 
 
 async def test_answers_that_race_the_parking_turn_are_not_lost(
@@ -375,14 +447,12 @@ async def test_a_parked_turn_resumed_before_its_answer_asks_only_once(
                 break
             await asyncio.sleep(0.02)
         assert row.status == "parked"
-        async with sessions() as session:
-            task = await session.get(Task, task_id)
-        assert task is not None
-        job = TurnJob.resuming(task.tenant_id, task_id, row.id)
+        engine_id = await engine_task_id(sessions, task_id)
+        job = TurnJob.resuming(TENANTS["main"], engine_id, row.id)
         await redis.xadd(Keys(redis_prefix).turns, job.to_fields())
         for _ in range(250):  # resumed, found the question pending, parked again
             await asyncio.sleep(0.02)
-            logged = await redis.xrange(Keys(redis_prefix).events(task_id))
+            logged = await redis.xrange(Keys(redis_prefix).events(engine_id))
             resumed = any(fields["t"] == "turn_resumed" for _, fields in logged)
             if resumed and (await turn_row()).status == "parked":
                 break
@@ -393,3 +463,24 @@ async def test_a_parked_turn_resumed_before_its_answer_asks_only_once(
     assert got.events[-1]["phase"] == "completed"
     assert len(by_type(got, "hitl_request")) == 1
     assert by_type(got, "tool_result")[0]["output"] == {"answer": "once"}
+
+
+async def test_a_workspace_whose_removal_was_lost_is_swept(
+    engine: EngineProcesses, api_keys: dict[str, str], workspace_root: Path, sessions: Any
+) -> None:
+    key = api_keys["main"]
+    async with httpx.AsyncClient(timeout=60) as client:
+        lost = await new_workspace(
+            client, engine.url, key, sessions, workspace_root, f"lost-{secrets.token_hex(3)}"
+        )
+        kept = await new_workspace(
+            client, engine.url, key, sessions, workspace_root, f"kept-{secrets.token_hex(3)}"
+        )
+    # The task goes without its WorkspaceRemoval job (as if Redis had lost it).
+    async with sessions.begin() as session:
+        await session.execute(delete(Task).where(Task.id == lost.name))
+    workspaces = await asyncio.to_thread(Workspaces, workspace_root)
+    removed = await sweep_once(workspaces, sessions)
+    assert (TENANTS["main"], lost.name) in removed
+    assert (TENANTS["main"], kept.name) not in removed
+    assert not lost.exists() and (kept / ".").is_dir()

@@ -1,8 +1,15 @@
-"""Stable error codes: the ``error`` field of error bodies and ``error`` events."""
+"""Stable error codes, and the one family of exceptions that carries them.
+
+``ErrorCode`` values are the ``error`` field of error bodies and ``error``
+events. :class:`HoldfastError` is the base of every error the engine reports;
+:class:`TurnSignal` the base of the control-flow signals a turn's conductor
+alone may catch (see there why they are ``BaseException``s).
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 
 class ErrorCode(StrEnum):
@@ -10,6 +17,11 @@ class ErrorCode(StrEnum):
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
     TURN_IN_PROGRESS = "TURN_IN_PROGRESS"
     INVALID_REQUEST = "INVALID_REQUEST"
+    NOT_FOUND = "NOT_FOUND"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    BODY_TOO_LARGE = "BODY_TOO_LARGE"
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
+    RATE_LIMITED = "RATE_LIMITED"
     UNKNOWN_MODEL = "UNKNOWN_MODEL"
     MODEL_UNAVAILABLE = "MODEL_UNAVAILABLE"
     HITL_REQUIRED = "HITL_REQUIRED"
@@ -25,3 +37,47 @@ class ErrorCode(StrEnum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     NO_RUNNING_TURN = "NO_RUNNING_TURN"
     CHANNEL_STATE_EXPIRED = "CHANNEL_STATE_EXPIRED"
+
+
+class HoldfastError(Exception):
+    """Base of the engine's errors: a stable :class:`ErrorCode`, a message for
+    people and optional details. What a client or the model is told about a
+    failure comes from one of these."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class TurnSignal(BaseException):
+    """Base of the signals that steer a turn instead of reporting a failure.
+
+    A ``BaseException``, as ``asyncio.CancelledError`` is: a broad ``except
+    Exception`` — in a provider adapter, a tool wrapper, a retry helper — must
+    never swallow one, or a parked turn would go on and a superseded writer
+    would keep writing. Only the turn's conductor catches them.
+    """
+
+
+class Superseded(TurnSignal):
+    """This writer's turn was taken over by another worker: it must stop writing."""
+
+
+class Parked(TurnSignal):
+    """The turn waits for a human (request ``request_id``); its worker lets go of it."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id)
+        self.request_id = request_id
+
+
+class StepInterrupted(TurnSignal):
+    """A model call failed after it had streamed output: the turn ends with
+    ``error`` after storing ``content``, the partial output the client saw."""
+
+    def __init__(self, error: HoldfastError, content: dict[str, Any]) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.content = content

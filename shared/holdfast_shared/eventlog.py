@@ -27,26 +27,28 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast_shared.background import cancel_and_wait
+from holdfast_shared.background import every
 from holdfast_shared.db.models import EventRecord
-from holdfast_shared.events import _Event, body_json
+from holdfast_shared.errors import Superseded
+from holdfast_shared.events import _Event, body_json, turn_of
 from holdfast_shared.keys import Keys
 
 log = logging.getLogger(__name__)
 
 # KEYS: events stream, archived watermark, the task's turn lock, its turn epoch.
-# ARGV: task_id, turn_id ('' = null), floor seq ('' = unknown), floor ts,
-#       release ('1' = release the turn lock if turn_id holds it), epoch ('' =
-#       unfenced), then (type, body) pairs. Returns {first_seq, ts_1, ...},
-#       {-1} when the stream is gone and the caller must supply the floor from
-#       PostgreSQL, or {-2} when another worker took the turn over (fenced).
+# ARGV: the task's name (the events' ``task_id``), turn_id ('' = null), floor
+#       seq ('' = unknown), floor ts, release ('1' = release the turn lock if
+#       turn_id holds it), epoch ('' = unfenced), then (type, body) pairs.
+# Returns {first_seq, ts_1, ...}, {-1} when the stream is gone and the caller
+# must supply the floor from PostgreSQL, or {-2} when another worker took the
+# turn over (fenced).
 _APPEND = """
 if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[6] then return {-2} end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
@@ -164,10 +166,6 @@ class Appended:
         return self.first_seq + len(self.timestamps) - 1
 
 
-class Superseded(Exception):
-    """This writer's turn was taken over by another worker; it must stop writing."""
-
-
 async def next_epoch(redis: Redis, keys: Keys, task_id: str) -> int:
     """Start a new epoch for the task's turn: writers of older epochs are fenced off."""
     return int(await redis.incr(keys.turn_epoch(task_id)))
@@ -205,10 +203,13 @@ class EventLog:
         turn_id: str | None,
         events: Sequence[_Event],
         *,
+        name: str,
         new_task: bool = False,
     ) -> Appended:
         """Append events in order; all or none land (one script call).
 
+        ``task_id`` is the engine's id of the task (its keys); ``name`` is the
+        client's name for it, which the events carry as their ``task_id``.
         ``new_task`` says the task has no history, which saves a PostgreSQL
         look-up when its stream does not exist yet.
         """
@@ -216,6 +217,7 @@ class EventLog:
             task_id,
             turn_id,
             [(e.type, body_json(e)) for e in events],
+            name=name,
             new_task=new_task,
         )
 
@@ -225,6 +227,7 @@ class EventLog:
         turn_id: str | None,
         bodies: Sequence[tuple[str, str]],
         *,
+        name: str,
         new_task: bool = False,
         release_lock: bool = False,
         epoch: int | None = None,
@@ -253,7 +256,9 @@ class EventLog:
         release = "1" if release_lock else ""
         fence = "" if epoch is None else str(epoch)
         while True:
-            result = await self._call_append(keys, task_id, turn_id, (*floor, release, fence), flat)
+            result = await self._call_append(
+                keys, task_id, name, turn_id, (*floor, release, fence), flat
+            )
             if result[0] == -2:
                 raise Superseded(f"turn {turn_id} of task {task_id} was taken over")
             if result[0] != -1:
@@ -265,11 +270,12 @@ class EventLog:
         self,
         keys: list[str],
         task_id: str,
+        name: str,
         turn_id: str | None,
         head: tuple[str, str, str, str],
         flat: list[str],
     ) -> list[int]:
-        args = [task_id, turn_id or "", *head, *flat]
+        args = [name, turn_id or "", *head, *flat]
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._append(keys=keys, args=args, client=pipe)
             # Bumped after the append, so the archiver never clears a mark
@@ -448,7 +454,7 @@ class EventLog:
                     "type": f["t"],
                     "timestamp": int(f["ts"]),
                     "data": f["d"],
-                    "turn_id": _turn_of(f["d"]),
+                    "turn_id": turn_of(f["d"]),
                 }
                 for eid, f in entries
             ]
@@ -497,19 +503,8 @@ def _entries(raw: list[Any]) -> list[tuple[str, dict[str, str]]]:
     return [(eid, dict(zip(flat[::2], flat[1::2], strict=True))) for eid, flat in raw]
 
 
-def _turn_of(data: str) -> str | None:
-    # The envelope is written by the append script in a fixed order, so the
-    # turn id sits at a known place; no JSON parse on the archive path.
-    marker = '"turn_id":"'
-    start = data.find(marker)
-    if start < 0:
-        return None
-    start += len(marker)
-    return data[start : data.index('"', start)]
-
-
 class Archiver:
-    """Background task that keeps PostgreSQL's ``events`` in step with Redis.
+    """The loop that keeps PostgreSQL's ``events`` in step with Redis.
 
     Any number may run (one per worker process): writes are idempotent.
     """
@@ -517,23 +512,11 @@ class Archiver:
     def __init__(self, log_: EventLog, interval_seconds: float) -> None:
         self.log = log_
         self.interval = interval_seconds
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="event-archiver")
+    async def run(self) -> NoReturn:
+        """Archive every ``interval`` seconds, for ever (run it in a ``Background``)."""
+        await every(self.interval, self.log.archive_pending, what="archiving pass")
 
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
-        # A last pass so a clean shutdown leaves nothing unarchived.
+    async def flush(self) -> None:
+        """A last pass, so a clean shutdown leaves nothing unarchived."""
         await self.log.archive_pending()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.log.archive_pending()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("archiving pass failed; retrying")
-            await asyncio.sleep(self.interval)

@@ -5,11 +5,17 @@ On the wire every event is one flat JSON object: the envelope (``type``,
 fields. Producers build a model without envelope values; the event log
 assigns ``seq`` and ``timestamp`` when it appends (see ``eventlog``), so the
 body they serialise is :func:`body_json` and never carries them.
+
+This module is the only reader and writer of event JSON: the rest of the
+engine asks it which turn an event belongs to (:func:`turn_of`) and whether
+it ends that turn (:func:`ends_turn`) instead of matching substrings.
+``working_memory_update`` and ``compaction_event`` are emitted by the context
+engine (prompt assembly and compaction).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -157,26 +163,8 @@ Event = Annotated[
 ]
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
-EVENT_TYPES = frozenset(
-    model.model_fields["type"].default
-    for model in (
-        ThreadLifecycle,
-        ErrorEvent,
-        TextDelta,
-        ThinkingDelta,
-        ContentBlockStart,
-        ContentBlockStop,
-        ToolCall,
-        ToolResult,
-        HitlRequest,
-        HitlResolved,
-        WorkingMemoryUpdate,
-        CompactionEvent,
-        TurnResumed,
-        Heartbeat,
-        Usage,
-    )
-)
+EVENT_MODELS: tuple[type[_Event], ...] = get_args(get_args(Event)[0])
+EVENT_TYPES = frozenset(model.model_fields["type"].default for model in EVENT_MODELS)
 
 
 def parse_event(data: str | bytes) -> Event:
@@ -205,8 +193,35 @@ def envelope_json(task_id: str, turn_id: str | None, seq: int, timestamp: int, b
     )
 
 
-def is_terminal(event_type: str, data: str) -> bool:
-    """True for the ``thread_lifecycle`` event that ends a turn."""
+def heartbeat_json(task_id: str, timestamp: int) -> str:
+    """A heartbeat's wire JSON: not logged, so no seq and no turn."""
+    return Heartbeat(task_id=task_id, timestamp=timestamp).model_dump_json(
+        include={"type", "task_id", "timestamp"}
+    )
+
+
+def turn_of(data: str) -> str | None:
+    """The ``turn_id`` of a logged event's wire JSON, without parsing it all.
+
+    The envelope is written in a fixed order (:func:`envelope_json` and the
+    event log's append script) and ids need no escaping, so the turn id sits
+    at a known place: this runs for every event archived or replayed.
+    """
+    # The first match is the envelope's: the task id before it holds no quote.
+    marker = '","turn_id":'
+    start = data.find(marker)
+    if start < 0 or data.startswith("null", start + len(marker)):
+        return None
+    start += len(marker) + 1
+    return data[start : data.index('"', start)]
+
+
+def ends_turn(event_type: str, data: str, turn_id: str | None = None) -> bool:
+    """True for the ``thread_lifecycle`` event that ends a turn (``turn_id``'s,
+    when given)."""
     if event_type != "thread_lifecycle":
         return False
-    return '"phase":"completed"' in data or '"phase":"errored"' in data
+    if turn_id is not None and turn_of(data) != turn_id:
+        return False
+    event = parse_event(data)
+    return isinstance(event, ThreadLifecycle) and event.phase in TERMINAL_PHASES

@@ -22,6 +22,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{millis:012x}{secrets.token_hex(8)}"
 
 
+def new_task_id() -> str:
+    """The engine's own id for a new task (``Task.id``), never reused.
+
+    Distinct from the client's name for the task, which is only unique within
+    a tenant and may be taken again after a delete.
+    """
+    return new_id("tk")
+
+
 def created_ms(value: str) -> int | None:
     """When an id made by :func:`new_id` was minted (epoch ms), else None."""
     _, _, rest = value.partition("_")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict
+from redis.typing import EncodableT, FieldT
 
 
 class _Entry(BaseModel):
@@ -15,7 +16,8 @@ class _Entry(BaseModel):
 
     FIELD: ClassVar[str] = "job"
 
-    def to_fields(self) -> dict[str, str]:
+    def to_fields(self) -> dict[FieldT, EncodableT]:
+        """The stream entry's fields, as ``XADD`` takes them."""
         return {self.FIELD: self.model_dump_json()}
 
     @classmethod
@@ -36,19 +38,17 @@ class _Entry(BaseModel):
 class TurnJob(_Entry):
     """One turn to run: appended by the gateway to ``Keys.turns``.
 
-    The user's message is already stored (``messages`` row ``message_id``) when
-    the job is enqueued, so a job never carries the only copy of user input.
+    The user's message (and its media) is already stored as the turn's
+    ``messages`` row at position 0 when the job is enqueued, so a job never
+    carries the only copy of user input. ``task_id`` is the engine's id of the
+    task (``Task.id``).
     """
 
     task_id: str
     turn_id: str
     tenant_id: str
-    message_id: int | None = None
     agent: str | None = None
     model: str | None = None
-    direct: bool = False
-    media: list[dict[str, Any]] = []
-    enqueued_at_ms: int = 0
     # Set when the job continues a turn that already ran (after a crash, a
     # hand-back on shutdown, an answered question or a lost Redis): the
     # worker picks it up from its last snapshot.
@@ -68,6 +68,7 @@ class ToolCallJob(_Entry):
     listener is not lost.
     """
 
+    tenant_id: str
     task_id: str
     turn_id: str
     tool_call_id: str
@@ -83,6 +84,7 @@ class WorkspaceRemoval(_Entry):
 
     FIELD: ClassVar[str] = "remove_workspace"
 
+    tenant_id: str
     task_id: str
 
 

@@ -1,6 +1,7 @@
 """Every Redis key name Holdfast uses, in one place.
 
-Per-task keys carry the task id as a hash tag (``{task_id}``) so that all keys
+Per-task keys carry the engine's task id (``Task.id``, never reused; not the
+client's name for the task) as a hash tag (``{task_id}``) so that all keys
 of one task live in one Redis Cluster slot and can be touched by one script.
 """
 
@@ -31,7 +32,8 @@ class Keys:
 
     @property
     def tools_reap(self) -> str:
-        """Pub/sub channel: a task id whose leftover tool processes every runner kills."""
+        """Pub/sub channel: ``<tenant_id> <task_id>`` whose leftover tool processes every
+        runner kills."""
         return f"{self.prefix}tools:reap"
 
     @property
@@ -91,3 +93,14 @@ class Keys:
     def running_turn(self, task_id: str) -> str:
         """Id of the task's running turn; its presence is the one-turn-per-task lock."""
         return f"{self.prefix}task:{{{task_id}}}:turn"
+
+    def task_keys(self, task_id: str) -> tuple[str, ...]:
+        """Every per-task key, for deleting a task."""
+        return (
+            self.events(task_id),
+            self.archived(task_id),
+            self.cancel(task_id),
+            self.archiving(task_id),
+            self.turn_epoch(task_id),
+            self.running_turn(task_id),
+        )

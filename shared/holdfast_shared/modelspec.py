@@ -12,6 +12,9 @@ DEFAULT_MODELS = {
     "gemini": "gemini-2.5-flash",
 }
 KNOWN_PROVIDERS = frozenset({"scripted", *DEFAULT_MODELS})
+# The spec as a client writes it: a known provider, then optionally ``:model``
+# in printable ASCII without spaces. The JSON Schema of the gateway's ``model``.
+MODEL_SPEC_PATTERN = rf"^({'|'.join(sorted(KNOWN_PROVIDERS))})(:[!-~]+)?$"
 
 
 @dataclass(frozen=True, slots=True)

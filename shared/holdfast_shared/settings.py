@@ -29,6 +29,16 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    # The gateway answers 413 to a request body larger than this, before
+    # reading it whole (Content-Length is checked first, then bytes as they come).
+    max_body_bytes: int = Field(default=8 * 1024**2, ge=64 * 1024)
+    # Failed API-key checks one client address may make per window; past
+    # that it gets 429 with Retry-After instead of a key lookup.
+    auth_failures_allowed: int = Field(default=30, ge=1)
+    auth_failure_window_seconds: float = Field(default=60.0, gt=0)
+    # Interactive API docs at /docs, its assets served from the gateway's own
+    # package (no CDN); off: /docs is a 404 and only /openapi.json remains.
+    docs_enabled: bool = True
 
     heartbeat_seconds: float = 15.0
     channel_state_ttl_active: int = 10800
@@ -61,6 +71,12 @@ class Settings(BaseSettings):
     tool_claim_idle_seconds: float = 30.0
     # Where tool-runners keep per-task workspaces (default: <data_dir>/workspaces).
     workspace_root: Path | None = None
+    # Each workspace is its own filesystem of this size (writes past it fail with
+    # ENOSPC), mounted nosuid,nodev. How: "auto" (the best that works here),
+    # "loop-ext4" (an image per workspace), "tmpfs" (in memory) or "none" (a plain
+    # directory: no cap). GET /health says which is in force.
+    workspace_max_bytes: int = Field(default=1024**3, ge=4 * 1024**2)
+    workspace_fs: Literal["auto", "loop-ext4", "tmpfs", "none"] = "auto"
 
     # How many turns one loop-worker process runs at once.
     worker_concurrency: int = 64

@@ -10,19 +10,15 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import os
-import signal
-import sys
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
+from holdfast.supervision import follow_supervisor
+
 if TYPE_CHECKING:
     from holdfast_shared.settings import Settings
-
-# Set by `holdfast up` in the environment of the services it starts.
-SUPERVISOR_PID_ENV = "HOLDFAST_SUPERVISOR_PID"
 
 console = Console(stderr=True)
 
@@ -180,7 +176,7 @@ def _run_service(module_name: str) -> None:
         settings.require_urls()
     except RuntimeError as error:
         _fail(str(error))
-    _follow_supervisor()
+    follow_supervisor()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
@@ -188,25 +184,6 @@ def _run_service(module_name: str) -> None:
             _fail(f"{module_name} is not available in this installation", code=1)
         raise
     module.main()
-
-
-def _follow_supervisor() -> None:
-    """Under `holdfast up`, end this process when the supervisor dies, even by SIGKILL.
-
-    Without this a killed supervisor leaves services running that hold the
-    gateway's port and the embedded servers' sockets.
-    """
-    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
-    if supervisor is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    # The supervisor may have died before prctl took effect.
-    if os.getppid() != int(supervisor):
-        raise SystemExit(0)
 
 
 def _configure_logging(level: str) -> None:

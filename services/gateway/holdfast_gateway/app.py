@@ -1,4 +1,4 @@
-"""The gateway ASGI app: routes, error handlers and the resource lifespan."""
+"""The gateway ASGI app: routes, error handlers, the body limit and the resource lifespan."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from holdfast_shared.background import Background
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.keys import Keys
@@ -13,8 +14,10 @@ from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings
 from holdfast_shared.turnlock import TurnLock
 
-from holdfast_gateway import errors
+from holdfast_gateway import errors, openapi
 from holdfast_gateway.auth import KeyAuthenticator
+from holdfast_gateway.bodylimit import BodyLimit
+from holdfast_gateway.deps import JsonBody
 from holdfast_gateway.fanout import Hub
 from holdfast_gateway.routes import cancel, execute, health, hitl, replay, tasks
 from holdfast_gateway.state import GatewayState
@@ -33,7 +36,6 @@ def create_app(settings: Settings) -> FastAPI:
             redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active
         )
         hub = Hub(redis, keys, eventlog)
-        hub.start()
         app.state.gateway = GatewayState(
             settings=settings,
             redis=redis,
@@ -43,12 +45,18 @@ def create_app(settings: Settings) -> FastAPI:
             eventlog=eventlog,
             hub=hub,
             lock=TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds),
-            auth=KeyAuthenticator(sessions),
+            auth=KeyAuthenticator(
+                sessions,
+                failures_allowed=settings.auth_failures_allowed,
+                failure_window_seconds=settings.auth_failure_window_seconds,
+            ),
         )
         try:
-            yield
+            async with Background() as background:
+                background.start(hub.run(), name="event-tailer")
+                yield
         finally:
-            await hub.stop()
+            await hub.close()
             await redis.aclose()
             await engine.dispose()
 
@@ -57,12 +65,23 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Durable agent execution engine",
         version="0.1.0",
         lifespan=lifespan,
+        generate_unique_id_function=openapi.operation_id,
+        docs_url=None,
+        redoc_url=None,
     )
     errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    openapi.install(app, docs=settings.docs_enabled)
+    # Each route documents the errors it can answer (errors.responses); these
+    # two routers are included with theirs.
     app.include_router(execute.router)
     app.include_router(replay.router)
-    app.include_router(cancel.router)
+    app.include_router(
+        cancel.router,
+        dependencies=[JsonBody],
+        responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404, 409),
+    )
     app.include_router(hitl.router)
-    app.include_router(tasks.router)
+    app.include_router(tasks.router, responses=errors.responses(*errors.AUTHENTICATED, 404, 409))
     app.include_router(health.router)
     return app

@@ -1,35 +1,147 @@
-"""API-key authentication (``X-Engine-Key``), with a short in-process cache.
+"""API-key authentication (``X-Engine-Key``): bounded caches and a failure limit.
 
-The cache keeps the hot path (every ``/execute``) off PostgreSQL; a revoked
-key stops working within ``_TTL`` seconds.
+Known keys are kept in an LRU cache, which keeps the hot path (every
+``/execute``) off PostgreSQL; a revoked key stops working within
+``_TTL`` seconds. Unknown keys are kept apart, briefly (a key created a
+moment ago soon works) and in a smaller LRU, so a flood of random keys can
+neither evict the known ones nor make each repeat a database look-up.
+
+Each client address may fail a number of key checks per window (a token
+bucket: ``failures_allowed`` tokens, refilled evenly over ``window_seconds``);
+past that its unknown keys get :class:`RateLimited` (429 with Retry-After)
+without a look-up. A token is taken before the look-up and given back when
+the key turns out valid, so concurrent guesses cannot outrun the limit.
+Behind a proxy every client shares the proxy's address.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
-from holdfast_shared.tenancy import tenant_for_key
+from holdfast_shared.tenancy import hash_key, tenant_for_key
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 _TTL = 30.0
-_MAX_ENTRIES = 10_000
+_MISS_TTL = 2.0
+_MAX_KNOWN = 10_000
+_MAX_UNKNOWN = 4_096
+_MAX_ADDRESSES = 10_000
+
+V = TypeVar("V")
+
+
+class RateLimited(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many failed key checks; retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+class _Lru(Generic[V]):
+    """A dict bounded to ``size`` entries; the least recently used one goes first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, V] = OrderedDict()
+
+    def get(self, key: str) -> V | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class FailureLimiter:
+    """Failed key checks per client address, as one token bucket each."""
+
+    def __init__(
+        self, allowed: int, window_seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.allowed = allowed
+        self.rate = allowed / window_seconds
+        self.clock = clock
+        # address -> (tokens, when counted); an absent address has a full bucket.
+        self._buckets: _Lru[tuple[float, float]] = _Lru(_MAX_ADDRESSES)
+
+    def _tokens(self, address: str) -> float:
+        now = self.clock()
+        tokens, then = self._buckets.get(address) or (float(self.allowed), now)
+        return min(float(self.allowed), tokens + (now - then) * self.rate)
+
+    def retry_after(self, address: str) -> int:
+        """Seconds until ``address`` may fail again; 0 when it may now."""
+        tokens = self._tokens(address)
+        return 0 if tokens >= 1 else max(1, math.ceil((1 - tokens) / self.rate))
+
+    def take(self, address: str) -> None:
+        self._buckets.put(address, (self._tokens(address) - 1, self.clock()))
+
+    def give_back(self, address: str) -> None:
+        self._buckets.put(
+            address, (min(float(self.allowed), self._tokens(address) + 1), self.clock())
+        )
 
 
 class KeyAuthenticator:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        failures_allowed: int = 30,
+        failure_window_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.sessions = sessions
-        self._cache: dict[str, tuple[str | None, float]] = {}
+        self.clock = clock
+        # Keyed by the key's hash: the plain keys are not kept in memory.
+        self._known: _Lru[tuple[str, float]] = _Lru(_MAX_KNOWN)
+        self._unknown: _Lru[float] = _Lru(_MAX_UNKNOWN)
+        self.failures = FailureLimiter(failures_allowed, failure_window_seconds, clock)
 
-    async def tenant(self, key: str) -> str | None:
-        """The tenant owning ``key``, or None if the key is unknown or revoked."""
-        now = time.monotonic()
-        hit = self._cache.get(key)
-        if hit is not None and hit[1] > now:
-            return hit[0]
+    async def tenant(self, key: str, address: str) -> str | None:
+        """The tenant owning ``key``, or None if the key is unknown or revoked.
+
+        Raises :class:`RateLimited` when ``address`` failed too often and
+        ``key`` is not a known one.
+        """
+        digest = hash_key(key)
+        now = self.clock()
+        known = self._known.get(digest)
+        if known is not None and known[1] > now:
+            return known[0]
+        # A key valid a moment ago is looked up again whatever its address did.
+        limited = known is None
+        if limited:
+            wait = self.failures.retry_after(address)
+            if wait:
+                raise RateLimited(wait)
+            self.failures.take(address)
+            missed = self._unknown.get(digest)
+            if missed is not None and missed > now:
+                return None
         async with self.sessions() as session:
             tenant = await tenant_for_key(session, key)
-        if len(self._cache) >= _MAX_ENTRIES:
-            self._cache.clear()
-        # Unknown keys are cached briefly only, so a key created a moment ago works.
-        self._cache[key] = (tenant, now + (_TTL if tenant else 2.0))
+        if tenant is None:
+            self._known.pop(digest)
+            self._unknown.put(digest, now + _MISS_TTL)
+            return None
+        if limited:
+            self.failures.give_back(address)
+        self._unknown.pop(digest)
+        self._known.put(digest, (tenant, now + _TTL))
         return tenant

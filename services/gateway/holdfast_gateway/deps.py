@@ -1,12 +1,16 @@
-"""FastAPI dependencies: the gateway state and the caller's tenant."""
+"""FastAPI dependencies: the gateway state, the caller's tenant, a JSON body."""
 
 from __future__ import annotations
 
+import email.message
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader
 from holdfast_shared.errors import ErrorCode
+from holdfast_shared.tasks import TaskRef, find_task
 
+from holdfast_gateway.auth import RateLimited
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
 
@@ -20,16 +24,67 @@ async def get_state(request: Request) -> GatewayState:
 StateDep = Annotated[GatewayState, Depends(get_state)]
 
 
+# Declared as the API's security scheme in /openapi.json; checked below.
+engine_key = APIKeyHeader(
+    name="X-Engine-Key",
+    scheme_name="EngineKey",
+    description="An API key (`holdfast keys create`); it names the tenant.",
+    auto_error=False,
+)
+
+
 async def get_tenant(
+    request: Request,
     state: StateDep,
-    x_engine_key: Annotated[str | None, Header(alias="X-Engine-Key")] = None,
+    x_engine_key: Annotated[str | None, Security(engine_key)] = None,
 ) -> str:
     if not x_engine_key:
         raise ApiError(401, ErrorCode.INVALID_KEY, "missing X-Engine-Key header")
-    tenant = await state.auth.tenant(x_engine_key)
+    address = request.client.host if request.client else ""
+    try:
+        tenant = await state.auth.tenant(x_engine_key, address)
+    except RateLimited as exc:
+        raise ApiError(
+            429,
+            ErrorCode.RATE_LIMITED,
+            f"too many failed API-key checks from this address; retry in {exc.retry_after} s",
+            headers={"Retry-After": str(exc.retry_after)},
+        ) from None
     if tenant is None:
         raise ApiError(401, ErrorCode.INVALID_KEY, "the X-Engine-Key is not a valid API key")
     return tenant
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]
+
+
+async def require_json(request: Request) -> None:
+    """415 unless the body is sent as JSON (``application/json`` or ``application/*+json``)."""
+    value = request.headers.get("content-type")
+    if value:
+        parsed = email.message.Message()
+        parsed["content-type"] = value
+        subtype = parsed.get_content_subtype()
+        if parsed.get_content_maintype() == "application" and (
+            subtype == "json" or subtype.endswith("+json")
+        ):
+            return
+    raise ApiError(
+        415,
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        "the body must be sent as application/json, not "
+        + (repr(value[:100]) if value else "without a content type"),
+    )
+
+
+JsonBody = Depends(require_json)
+
+
+async def require_task(state: GatewayState, tenant: str, name: str) -> TaskRef:
+    """The tenant's task called ``name``, else 404 — also when only another
+    tenant has a task of that name, which is neither seen nor touched."""
+    async with state.sessions() as session:
+        task = await find_task(session, tenant, name)
+    if task is None:
+        raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {name!r} not found")
+    return task

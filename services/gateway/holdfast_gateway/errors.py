@@ -1,4 +1,11 @@
-"""Every error leaves the gateway as ``{"error": CODE, "message", "details"?}``."""
+"""Every error leaves the gateway as ``{"error": CODE, "message", "details"?}``.
+
+Also for what FastAPI or Starlette answer themselves (404, 405 with its
+``Allow``, 413 from the body limit) and for an unexpected exception (500
+``INTERNAL``, logged with its traceback; SQL parameters are never logged,
+see ``holdfast_shared.db.engine``). :func:`responses` documents the same
+bodies in ``/openapi.json``.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,17 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from holdfast_shared.errors import ErrorCode
+from holdfast_shared.errors import ErrorCode, HoldfastError
+from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
-class ApiError(Exception):
+class ApiError(HoldfastError):
+    """An error answered as HTTP ``status`` with the JSON error body."""
+
     def __init__(
         self,
         status: int,
@@ -23,11 +33,8 @@ class ApiError(Exception):
         details: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(code, message, details)
         self.status = status
-        self.code = code
-        self.message = message
-        self.details = details
         self.headers = headers
 
 
@@ -57,11 +64,60 @@ def _summary(details: dict[str, Any]) -> str:
 
 
 _STATUS_CODES = {
-    400: ErrorCode.INVALID_REQUEST,
     401: ErrorCode.INVALID_KEY,
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.BODY_TOO_LARGE,
+    415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    429: ErrorCode.RATE_LIMITED,
 }
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response."""
+
+    error: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+# What each status means, for the API description; the codes are ErrorCode values.
+_DESCRIPTIONS = {
+    401: "`INVALID_KEY`: the `X-Engine-Key` header is missing or not a valid API key",
+    404: "`TASK_NOT_FOUND` (also for another tenant's task), `HITL_NOT_FOUND`",
+    409: "`TURN_IN_PROGRESS`, `HITL_REQUIRED`, `NO_RUNNING_TURN`, `HITL_ALREADY_ANSWERED`",
+    410: "`HITL_EXPIRED`: the question expired or its turn ended",
+    413: "`BODY_TOO_LARGE`: the body is larger than `HOLDFAST_MAX_BODY_BYTES`",
+    415: "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`",
+    422: "`INVALID_REQUEST` (`details.errors` names each field), `MODEL_UNAVAILABLE`",
+    429: "`RATE_LIMITED`: too many failed API-key checks from this address; see `Retry-After`",
+    500: "`INTERNAL`: an unexpected error, logged by the gateway",
+    503: "`UNAVAILABLE`: Redis or PostgreSQL is unreachable; retry after `Retry-After`",
+}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before retrying",
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    }
+}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of a route for these error statuses, each with :class:`ErrorBody`."""
+    return {
+        status: {
+            "model": ErrorBody,
+            "description": _DESCRIPTIONS[status],
+            **({"headers": _RETRY_AFTER} if status in (429, 503) else {}),
+        }
+        for status in statuses
+    }
+
+
+# Every operation that needs an API key can answer these.
+AUTHENTICATED = (401, 422, 429, 500, 503)
+# ... and every one with a JSON body these.
+WITH_BODY = (413, 415)
 
 
 def install(app: FastAPI) -> None:
@@ -92,5 +148,23 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it cannot decode (not UTF-8): bad
+            # input like any other, so the same 422 as malformed JSON.
+            details = {"errors": [{"loc": ["body"], "msg": str(exc.detail), "type": "body"}]}
+            return JSONResponse(
+                error_body(ErrorCode.INVALID_REQUEST, _summary(details), details), 422
+            )
         code = _STATUS_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
-        return JSONResponse(error_body(str(code), str(exc.detail)), exc.status_code)
+        # The headers matter: 405 carries Allow.
+        return JSONResponse(
+            error_body(str(code), str(exc.detail)), exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette's ServerErrorMiddleware calls this, then re-raises for the
+        # server to log with the traceback; the answer says nothing of it.
+        return JSONResponse(
+            error_body(ErrorCode.INTERNAL, "internal error; the gateway logged it"), 500
+        )

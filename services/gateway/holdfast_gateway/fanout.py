@@ -18,11 +18,12 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
+from typing import NoReturn
 
-from holdfast_shared.background import cancel_and_wait
 from holdfast_shared.eventlog import EventLog, LoggedEvent
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
+from redis.typing import KeyT, StreamIdT
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,6 @@ class Hub:
         self._wake_cursor = "0-0"
         self._tails: dict[str, _Tail] = {}
         self._key_to_task: dict[str, str] = {}
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def stats(self) -> dict[str, int]:
@@ -67,11 +67,8 @@ class Hub:
             "subscribers": sum(len(t.subscribers) for t in self._tails.values()),
         }
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="event-tailer")
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
+    async def close(self) -> None:
+        """After :meth:`run` stopped: end every open stream and drop the wake stream."""
         for tail in self._tails.values():
             for sub in tail.subscribers:
                 sub.queue.put_nowait(None)
@@ -102,20 +99,19 @@ class Hub:
             del self._tails[sub.task_id]
             self._key_to_task.pop(self.keys.events(sub.task_id), None)
 
-    async def _run(self) -> None:
+    async def run(self) -> NoReturn:
+        """Tail the subscribed tasks' logs, for ever (run it in a ``Background``)."""
         while True:
             try:
                 await self._read_once()
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("event tailer read failed; retrying")
                 await asyncio.sleep(0.5)
 
     async def _read_once(self) -> None:
-        streams: dict[str, str] = {self._wake_key: self._wake_cursor}
-        for task_id, tail in self._tails.items():
-            streams[self.keys.events(task_id)] = f"{tail.cursor}-0"
+        streams: dict[KeyT, StreamIdT] = {self._wake_key: self._wake_cursor}
+        for followed, following in self._tails.items():
+            streams[self.keys.events(followed)] = f"{following.cursor}-0"
         response = await self.redis.xread(streams, count=_READ_COUNT, block=_BLOCK_MS)
         for key, entries in response or []:
             if key == self._wake_key:

@@ -1,12 +1,18 @@
 """gateway entry point.
 
-Consumes: HTTP requests (``/execute``, ``/execute/replay``, ``/health``).
+Serves: ``POST /execute`` (a turn, streamed), ``GET /execute/replay``,
+``POST /execute/cancel``, ``GET /hitl/pending``, ``POST /hitl/respond``,
+``DELETE /tasks/{task_id}``, ``GET /health``, ``/openapi.json`` and (unless
+``HOLDFAST_DOCS_ENABLED=false``) ``/docs`` with its assets from the package.
 Produces: tasks, turns and user messages in PostgreSQL; each turn's
-``started`` event; turn jobs on ``Keys.turns``; SSE streams tailed from the
-task event logs.
-Guarantees: a refused request writes nothing; an accepted message is stored
-before the turn is queued; a stream delivers every seq after its cursor once,
-in order.
+``started`` event; turn jobs and resume jobs on ``Keys.turns``; cancel
+nudges on ``Keys.cancels``; workspace removals on ``Keys.tools``; SSE streams
+tailed from the task event logs (one tailer per process, ``fanout.py``).
+Guarantees: a refused request writes nothing and gets a JSON error (4xx, or
+503 while a store is down; never a plain-text 500); bodies are capped before
+they are read whole; an accepted message is stored before the turn is
+queued; a stream delivers every seq after its cursor once, in order; task
+names are per tenant.
 """
 
 from __future__ import annotations

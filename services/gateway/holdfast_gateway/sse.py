@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 
 from holdfast_shared.eventlog import EventLog, LoggedEvent
+from holdfast_shared.events import ends_turn, heartbeat_json
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from holdfast_gateway.fanout import Hub
@@ -29,7 +30,7 @@ class _Progress:
     def __init__(self, after_seq: int, stop_turn: str | None) -> None:
         self.last = after_seq
         self.done = False
-        self._terminal_marker = f'"turn_id":"{stop_turn}"' if stop_turn is not None else None
+        self._stop_turn = stop_turn
 
     def take(self, events: Iterable[LoggedEvent]) -> str:
         """Frames for the events not sent yet, stopping after the terminal one."""
@@ -39,17 +40,10 @@ class _Progress:
                 continue
             out.append(frame(event))
             self.last = event.seq
-            if self._is_end(event):
+            if self._stop_turn is not None and ends_turn(event.type, event.data, self._stop_turn):
                 self.done = True
                 break
         return "".join(out)
-
-    def _is_end(self, event: LoggedEvent) -> bool:
-        if event.type != "thread_lifecycle" or self._terminal_marker is None:
-            return False
-        return self._terminal_marker in event.data and (
-            '"phase":"completed"' in event.data or '"phase":"errored"' in event.data
-        )
 
 
 async def event_frames(
@@ -105,10 +99,8 @@ def sse_response(
     headers: dict[str, str] | None = None,
 ) -> EventSourceResponse:
     def heartbeat() -> ServerSentEvent:
-        ts = int(time.time() * 1000)
         return ServerSentEvent(
-            event="heartbeat",
-            data=f'{{"type":"heartbeat","task_id":"{task_id}","timestamp":{ts}}}',
+            event="heartbeat", data=heartbeat_json(task_id, int(time.time() * 1000))
         )
 
     async def as_bytes() -> AsyncIterator[bytes]:

@@ -19,8 +19,9 @@ from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
-from holdfast_shared.ids import created_ms, new_id
+from holdfast_shared.ids import created_ms, new_id, new_task_id
 from holdfast_shared.jobs import TurnJob
+from holdfast_shared.tasks import TaskRef, find_task
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -31,28 +32,35 @@ from holdfast_gateway.state import GatewayState
 
 @dataclass(frozen=True, slots=True)
 class StartedTurn:
-    task_id: str
+    task: TaskRef
     turn_id: str
     started: LoggedEvent
 
 
 async def _get_or_create_task(
-    session: AsyncSession, tenant_id: str, task_id: str, agent: str | None, model: str | None
-) -> bool:
-    """Returns True when the task is created by this transaction."""
+    session: AsyncSession, tenant_id: str, name: str, agent: str | None, model: str | None
+) -> tuple[TaskRef, bool]:
+    """The tenant's task called ``name``, created (True) by this transaction
+    when the tenant has none. Names are per tenant: another tenant's task of
+    the same name is neither seen nor touched."""
     created = await session.scalar(
         insert(Task)
-        .values(id=task_id, tenant_id=tenant_id, agent=agent, model=model)
-        .on_conflict_do_nothing()
+        .values(id=new_task_id(), tenant_id=tenant_id, name=name, agent=agent, model=model)
+        .on_conflict_do_nothing(constraint="uq_tasks_tenant_id_name")
         .returning(Task.id)
     )
     if created is not None:
-        return True
-    owner = await session.scalar(select(Task.tenant_id).where(Task.id == task_id))
-    if owner != tenant_id:
-        # Another tenant's task is indistinguishable from a missing one.
-        raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
-    return False
+        return TaskRef(created, name), True
+    found = await find_task(session, tenant_id, name)
+    if found is None:
+        # Deleted between the insert and this read: the client may retry.
+        raise ApiError(
+            409,
+            ErrorCode.TURN_IN_PROGRESS,
+            f"task {name!r} is being deleted; send the message again",
+            {"task_id": name},
+        )
+    return found, False
 
 
 # A lock whose turn was never committed is abandoned once it is this old: its
@@ -74,26 +82,26 @@ async def _take_abandoned_lock(state: GatewayState, task_id: str, turn_id: str) 
     return await state.lock.replace(task_id, holder, turn_id)
 
 
-async def _refuse_busy(state: GatewayState, task_id: str) -> NoReturn:
-    running = await state.lock.holder(task_id)
+async def _refuse_busy(state: GatewayState, task: TaskRef) -> NoReturn:
+    running = await state.lock.holder(task.id)
     async with state.sessions() as session:
         waiting = await session.scalar(
             select(HitlRequestRecord.request_id)
-            .where(HitlRequestRecord.task_id == task_id, HitlRequestRecord.status == "pending")
+            .where(HitlRequestRecord.task_id == task.id, HitlRequestRecord.status == "pending")
             .limit(1)
         )
     if waiting is not None:
         raise ApiError(
             409,
             ErrorCode.HITL_REQUIRED,
-            f"task {task_id!r} waits for an answer to {waiting}; POST /hitl/respond first",
-            {"task_id": task_id, "turn_id": running, "request_id": waiting},
+            f"task {task.name!r} waits for an answer to {waiting}; POST /hitl/respond first",
+            {"task_id": task.name, "turn_id": running, "request_id": waiting},
         )
     raise ApiError(
         409,
         ErrorCode.TURN_IN_PROGRESS,
-        f"task {task_id!r} already has a running turn; replay it or wait for it to end",
-        {"task_id": task_id, "turn_id": running},
+        f"task {task.name!r} already has a running turn; replay it or wait for it to end",
+        {"task_id": task.name, "turn_id": running},
     )
 
 
@@ -106,10 +114,12 @@ async def start_turn(
     agent: str | None,
     model: str | None,
     media: list[dict[str, Any]],
-    direct: bool,
 ) -> StartedTurn:
-    task_id = task_id or new_id("task")
+    """Start a turn of the tenant's task named ``task_id`` (a new task when
+    absent or new to the tenant)."""
+    name = task_id or new_id("task")
     turn_id = new_id("turn")
+    task: TaskRef | None = None
     locked = False
     appended = None
     try:
@@ -117,47 +127,41 @@ async def start_turn(
         # task it would have created, and an accepted message is committed
         # before anything is queued.
         async with state.sessions.begin() as session:
-            new_task = await _get_or_create_task(session, tenant_id, task_id, agent, model)
-            if not await state.lock.acquire(task_id, turn_id) and not await _take_abandoned_lock(
-                state, task_id, turn_id
+            task, new_task = await _get_or_create_task(session, tenant_id, name, agent, model)
+            if not await state.lock.acquire(task.id, turn_id) and not await _take_abandoned_lock(
+                state, task.id, turn_id
             ):
-                await _refuse_busy(state, task_id)
+                await _refuse_busy(state, task)
             locked = True
             await session.execute(
                 insert(Turn).values(
-                    id=turn_id, task_id=task_id, status="queued", agent=agent, model=model
+                    id=turn_id, task_id=task.id, status="queued", agent=agent, model=model
                 )
             )
-            message_id = await session.scalar(
-                insert(Message)
-                .values(
-                    task_id=task_id,
+            await session.execute(
+                insert(Message).values(
+                    task_id=task.id,
                     turn_id=turn_id,
                     position=0,
                     role="user",
                     content=user_content(message, media),
                 )
-                .returning(Message.id)
             )
         started = ThreadLifecycle(phase="started")
         body = body_json(started)
         appended = await state.eventlog.append_bodies(
-            task_id, turn_id, [(started.type, body)], new_task=new_task
+            task.id, turn_id, [(started.type, body)], name=name, new_task=new_task
         )
         job = TurnJob(
-            task_id=task_id,
+            task_id=task.id,
             turn_id=turn_id,
             tenant_id=tenant_id,
-            message_id=message_id,
             agent=agent,
             model=model,
-            direct=direct,
-            media=media,
-            enqueued_at_ms=int(time.time() * 1000),
         )
         await state.redis.xadd(state.keys.turns, job.to_fields())
     except BaseException:
-        if not locked:
+        if not locked or task is None:
             raise
         if appended is None:
             # Never announced: take the turn back entirely, so the client's
@@ -169,7 +173,7 @@ async def start_turn(
             # The client may already replay this turn: end it visibly.
             with contextlib.suppress(Exception):
                 await state.eventlog.append(
-                    task_id,
+                    task.id,
                     turn_id,
                     [
                         ErrorEvent(
@@ -177,9 +181,10 @@ async def start_turn(
                         ),
                         ThreadLifecycle(phase="errored"),
                     ],
+                    name=name,
                 )
         with contextlib.suppress(Exception):
-            await state.lock.release(task_id, turn_id)
+            await state.lock.release(task.id, turn_id)
         raise
-    data = envelope_json(task_id, turn_id, appended.first_seq, appended.timestamps[0], body)
-    return StartedTurn(task_id, turn_id, LoggedEvent(appended.first_seq, started.type, data))
+    data = envelope_json(name, turn_id, appended.first_seq, appended.timestamps[0], body)
+    return StartedTurn(task, turn_id, LoggedEvent(appended.first_seq, started.type, data))

@@ -27,8 +27,10 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from holdfast_shared.background import Background, every
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
+from holdfast_shared.pubsub import listen
 from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -82,35 +84,35 @@ class TurnConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Take jobs until ``stop`` is set, then drain and hand back."""
         await self._ensure_group()
-        helpers = [
-            asyncio.create_task(self._renew_forever(), name="lease-renewal"),
-            asyncio.create_task(self._listen_for_cancels(), name="cancels"),
-        ]
         stop_wait = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
-                free = self.concurrency - len(self._running)
-                if free <= 0:
-                    tasks = [r.task for r in self._running.values()]
-                    await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                read = asyncio.create_task(self._next_entries(free))
-                await asyncio.wait([read, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-                # Entries already read are ours now: start them even when stopping,
-                # the drain below hands them back properly.
-                for entry_id, fields, reason in await read:
-                    await self._start(entry_id, fields, reason)
-            self._stopping = True
-            await self._drain()
+            async with Background() as background:
+                background.start(
+                    every(self.lease_ms / 3000, self._renew, what="lease renewal", wait_first=True),
+                    name="lease-renewal",
+                )
+                background.start(
+                    listen(self.redis, self.keys.cancels, self._cancel, what="cancels"),
+                    name="cancels",
+                )
+                while not stop.is_set():
+                    free = self.concurrency - len(self._running)
+                    if free <= 0:
+                        tasks = [r.task for r in self._running.values()]
+                        await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    read = asyncio.create_task(self._next_entries(free))
+                    await asyncio.wait([read, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+                    # Entries already read are ours now: start them even when stopping,
+                    # the drain below hands them back properly.
+                    for entry_id, fields, reason in await read:
+                        await self._start(entry_id, fields, reason)
+                self._stopping = True
+                await self._drain()
         finally:
             stop_wait.cancel()
             for later in list(self._deferred):  # their entries stay pending
                 later.cancel()
-            for helper in helpers:
-                helper.cancel()
-            for helper in helpers:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await helper
 
     # -- reading ---------------------------------------------------------------
     async def _next_entries(self, count: int) -> list[tuple[str, dict[str, str], str | None]]:
@@ -186,6 +188,7 @@ class TurnConsumer:
         resume_reason = reason or ("resumed" if job.resume else None)
         runner = TurnRunner(self.ctx, job, resume_reason=resume_reason)
         task = asyncio.create_task(self._handle(entry_id, job, runner), name=f"turn:{job.turn_id}")
+        runner.stop.bind(task)
         self._running[job.turn_id] = _Running(entry_id, runner, task)
         task.add_done_callback(lambda _: self._running.pop(job.turn_id, None))
 
@@ -226,50 +229,29 @@ class TurnConsumer:
         _done, pending = await asyncio.wait(tasks, timeout=self.drain_seconds)
         for running in list(self._running.values()):
             if running.task in pending:
-                running.runner.stop_reason = "handoff"
-                running.task.cancel()
+                running.runner.stop.request("handoff")
         if pending:
             await asyncio.wait(pending, timeout=10)
 
     # -- background duties -------------------------------------------------------
-    async def _renew_forever(self) -> None:
-        interval = self.lease_ms / 3000
-        while True:
-            await asyncio.sleep(interval)
-            running = list(self._running.values())
-            if not running:
-                continue
-            try:
-                await self.leases.renew(self._running.keys())
-                await self.redis.xclaim(
-                    self.keys.turns,
-                    TURNS_GROUP,
-                    self.consumer_name,
-                    min_idle_time=0,
-                    message_ids=[r.entry_id for r in running],
-                    justid=True,
-                )
-            except Exception:
-                log.warning("lease renewal failed; retrying", exc_info=True)
+    async def _renew(self) -> None:
+        """Keep the running turns' leases and stream entries ours (every lease/3)."""
+        running = list(self._running.values())
+        if not running:
+            return
+        await self.leases.renew(self._running.keys())
+        await self.redis.xclaim(
+            self.keys.turns,
+            TURNS_GROUP,
+            self.consumer_name,
+            min_idle_time=0,
+            message_ids=[r.entry_id for r in running],
+            justid=True,
+        )
 
-    async def _listen_for_cancels(self) -> None:
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(self.keys.cancels)
-                async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    _task_id, _, turn_id = str(message["data"]).partition(" ")
-                    running = self._running.get(turn_id)
-                    if running is not None:
-                        log.info("cancelling turn %s", turn_id)
-                        running.runner.stop_reason = "cancel"
-                        running.task.cancel()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("cancel listener failed; resubscribing", exc_info=True)
-                await asyncio.sleep(1)
-            finally:
-                await pubsub.aclose()
+    async def _cancel(self, data: str) -> None:
+        """``POST /execute/cancel`` (``<task_id> <turn_id>``): stop the turn if it runs here."""
+        _task_id, _, turn_id = data.partition(" ")
+        running = self._running.get(turn_id)
+        if running is not None and running.runner.stop.request("cancel"):
+            log.info("cancelling turn %s", turn_id)

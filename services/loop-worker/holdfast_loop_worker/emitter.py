@@ -22,6 +22,9 @@ class Emitter:
         self._log = log
         # Set when the turn is claimed; appends of a superseded epoch are refused.
         self.epoch: int | None = None
+        # The client's name for the task, which its events carry; set with the
+        # epoch, from the task's row.
+        self.task_name = task_id
         self._task_id = task_id
         self._turn_id = turn_id
         self._pending: list[tuple[str, str]] = []
@@ -51,7 +54,12 @@ class Emitter:
         await self.drain()
         bodies = [(event.type, body_json(event)) for event in events]
         appended = await self._log.append_bodies(
-            self._task_id, self._turn_id, bodies, release_lock=True, epoch=self.epoch
+            self._task_id,
+            self._turn_id,
+            bodies,
+            name=self.task_name,
+            release_lock=True,
+            epoch=self.epoch,
         )
         self.last_seq = appended.last_seq
         return self.last_seq
@@ -60,6 +68,6 @@ class Emitter:
         while self._pending:
             batch, self._pending = self._pending, []
             appended = await self._log.append_bodies(
-                self._task_id, self._turn_id, batch, epoch=self.epoch
+                self._task_id, self._turn_id, batch, name=self.task_name, epoch=self.epoch
             )
             self.last_seq = appended.last_seq

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NoReturn
 
-from holdfast_shared.background import cancel_and_wait
 from holdfast_shared.jobs import InboxMessage
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
@@ -25,13 +25,9 @@ class Inbox:
         self.redis = redis
         self.stream = keys.worker_inbox(worker_id)
         self._waiting: dict[str, asyncio.Future[InboxMessage]] = {}
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="inbox")
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
+    async def close(self) -> None:
+        """After :meth:`run` stopped: nobody reads this inbox any more."""
         await self.redis.delete(self.stream)
 
     def expect(self, correlation_id: str) -> asyncio.Future[InboxMessage]:
@@ -42,13 +38,12 @@ class Inbox:
     def forget(self, correlation_id: str) -> None:
         self._waiting.pop(correlation_id, None)
 
-    async def _run(self) -> None:
+    async def run(self) -> NoReturn:
+        """Deliver replies to their waiters, for ever (run it in a ``Background``)."""
         cursor = "0-0"
         while True:
             try:
                 response = await self.redis.xread({self.stream: cursor}, count=100, block=5000)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("inbox read failed; retrying")
                 await asyncio.sleep(0.5)

@@ -7,20 +7,26 @@ Produces: the turn's events in the task's event log; tool calls on
 PostgreSQL; the archived copy of every event log (each worker also runs an
 :class:`~holdfast_shared.eventlog.Archiver`); its providers in
 ``Keys.providers``.
-Guarantees: a job is acknowledged only after its turn ended with a terminal
-lifecycle event; SIGTERM stops taking jobs and lets running turns finish.
+Guarantees: a job is acknowledged once its turn ended (its terminal
+lifecycle event is logged), parked on a question (snapshotted; no worker
+holds it) or was handed back (snapshotted and queued again); a job left
+unacknowledged by a dead worker is taken over when its lease lapses. SIGTERM
+stops taking jobs, lets running turns finish for ``HOLDFAST_DRAIN_SECONDS``
+and hands the rest back. Its background loops (archiver, inbox, provider
+announcements, question expiry, stale-turn sweep) run in one ``Background``
+and stop with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
 
 from holdfast_shared.availability import REFRESH_SECONDS, advertise
+from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
@@ -29,7 +35,6 @@ from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.consumer import TurnConsumer
 from holdfast_loop_worker.hitl import HumanChannel
@@ -44,41 +49,10 @@ from holdfast_loop_worker.turn import TurnContext
 log = logging.getLogger(__name__)
 
 
-async def _advertise_forever(redis: Redis, keys: Keys, names: list[str]) -> None:
-    while True:
-        try:
-            await advertise(redis, keys, names)
-        except Exception:
-            log.warning("could not advertise providers; retrying", exc_info=True)
-        await asyncio.sleep(REFRESH_SECONDS)
-
-
-async def _expire_questions_forever(
-    human: HumanChannel, redis: Redis, keys: Keys, interval: float = 30.0
-) -> None:
+async def _expire_questions(human: HumanChannel, redis: Redis, keys: Keys) -> None:
     """Resume turns whose question expired: the asked-for call fails with "expired"."""
-    while True:
-        try:
-            for tenant_id, task_id, turn_id in await human.expire_overdue():
-                await queue_resume(redis, keys, tenant_id, task_id, turn_id)
-        except Exception:
-            log.warning("expiring HITL requests failed; retrying", exc_info=True)
-        await asyncio.sleep(interval)
-
-
-async def _sweep_stale_forever(
-    sessions: async_sessionmaker[AsyncSession],
-    redis: Redis,
-    keys: Keys,
-    lock: TurnLock,
-    lease_seconds: int,
-) -> None:
-    while True:
-        await asyncio.sleep(lease_seconds)
-        try:
-            await requeue_stale(sessions, redis, keys, lock, lease_seconds)
-        except Exception:
-            log.warning("stale-turn sweep failed; retrying", exc_info=True)
+    for tenant_id, task_id, turn_id in await human.expire_overdue():
+        await queue_resume(redis, keys, tenant_id, task_id, turn_id)
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -146,15 +120,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         on_group_created=rebuild,
     )
     archiver = Archiver(eventlog, settings.archive_interval_seconds)
-    archiver.start()
-    inbox.start()
-    background = [
-        asyncio.create_task(_advertise_forever(redis, keys, providers.names)),
-        asyncio.create_task(_expire_questions_forever(human, redis, keys)),
-        asyncio.create_task(
-            _sweep_stale_forever(sessions, redis, keys, ctx.lock, settings.lease_seconds)
-        ),
-    ]
     log.info(
         "loop-worker %s ready; default model %s; providers: %s",
         worker_id,
@@ -162,15 +127,36 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         ", ".join(providers.names),
     )
     try:
-        await consumer.run(stop)
+        async with Background() as background:
+            background.start(archiver.run(), name="event-archiver")
+            background.start(inbox.run(), name="inbox")
+            background.start(
+                every(
+                    REFRESH_SECONDS,
+                    lambda: advertise(redis, keys, providers.names),
+                    what="advertising the providers",
+                ),
+                name="advertise",
+            )
+            background.start(
+                every(
+                    30.0, lambda: _expire_questions(human, redis, keys), what="expiring questions"
+                ),
+                name="expire-questions",
+            )
+            background.start(
+                every(
+                    settings.lease_seconds,
+                    lambda: requeue_stale(sessions, redis, keys, ctx.lock, settings.lease_seconds),
+                    what="the stale-turn sweep",
+                    wait_first=True,
+                ),
+                name="stale-turns",
+            )
+            await consumer.run(stop)
+        await archiver.flush()
+        await inbox.close()
     finally:
-        for task in background:
-            task.cancel()
-        for task in background:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await inbox.stop()
-        await archiver.stop()
         await providers.aclose()
         await redis.aclose()
         await engine.dispose()

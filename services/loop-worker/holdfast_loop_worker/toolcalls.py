@@ -91,6 +91,7 @@ class ToolCaller:
         if tool == "bash" and isinstance(tool_input.get("timeout"), int | float):
             timeout = min(float(tool_input["timeout"]), 600.0)
         job = ToolCallJob(
+            tenant_id=ctx.tenant_id,
             task_id=ctx.task_id,
             turn_id=ctx.turn_id,
             tool_call_id=tool_call_id,
@@ -118,9 +119,9 @@ class ToolCaller:
             finally:
                 self.inbox.forget(correlation)
 
-    async def turn_ended(self, task_id: str) -> None:
+    async def turn_ended(self, tenant_id: str, task_id: str) -> None:
         """Ask every tool-runner to kill what the task's tools left running."""
-        await self.redis.publish(self.keys.tools_reap, task_id)
+        await self.redis.publish(self.keys.tools_reap, f"{tenant_id} {task_id}")
 
     async def stored(self, task_id: str, tool_call_id: str) -> ToolOutcome | None:
         async with self.sessions() as session:

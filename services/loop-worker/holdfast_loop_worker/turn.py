@@ -33,7 +33,6 @@ stored marked ``interrupted``. The task takes its next message either way.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -42,10 +41,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from holdfast_shared.conversation import for_provider, load_history
-from holdfast_shared.db.models import HitlRequestRecord, Message, Turn
-from holdfast_shared.errors import ErrorCode
-from holdfast_shared.eventlog import EventLog, Superseded, next_epoch
+from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
+from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
+from holdfast_shared.eventlog import EventLog, next_epoch
 from holdfast_shared.events import (
+    TERMINAL_PHASES,
     ContentBlockStart,
     ContentBlockStop,
     ErrorEvent,
@@ -58,13 +58,15 @@ from holdfast_shared.events import (
     ToolResult,
     TurnResumed,
     Usage,
+    parse_event,
+    turn_of,
 )
 from holdfast_shared.jobs import ToolOutcome, TurnJob
 from holdfast_shared.keys import Keys
 from holdfast_shared.tools import ASK_USER, BUILTIN_TOOLS
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -89,6 +91,7 @@ from holdfast_loop_worker.providers import (
 )
 from holdfast_loop_worker.providers.retry import stream_with_retries
 from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
+from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller, preview
 
 log = logging.getLogger(__name__)
@@ -118,14 +121,6 @@ class TurnContext:
     hitl_ttl_seconds: int
     agent_models: dict[str, str] = field(default_factory=dict)
     retry_attempts: int = 4
-
-
-class Parked(Exception):
-    """The turn waits for a human; its worker is released."""
-
-    def __init__(self, request_id: str) -> None:
-        super().__init__(request_id)
-        self.request_id = request_id
 
 
 @dataclass
@@ -167,8 +162,8 @@ class TurnRunner:
         self.provider_name: str | None = None
         self.agent = job.agent
         self.model = job.model
-        # Set by the consumer before it cancels the task: "cancel" or "handoff".
-        self.stop_reason: str | None = None
+        # Stops requested from outside (cancel, hand-back): see stopping.py.
+        self.stop = TurnStop()
         self._started = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------
@@ -234,18 +229,16 @@ class TurnRunner:
                 f"the turn ran past HOLDFAST_TURN_DEADLINE_SECONDS ({self.ctx.deadline_seconds:g})",
             )
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self.stop_reason is not None and task is not None:
-                task.uncancel()  # we asked for it: finish the turn's ending normally
-            if self.stop_reason == "cancel":
+            reason = self.stop.consume()
+            if reason == "cancel":
                 await self._close_open_blocks()
                 return await self._end_cancelled()
-            if self.stop_reason == "handoff":
+            if reason == "handoff":
                 return await self._hand_back()
             raise
         except Superseded:
             raise
-        except _Interrupted as exc:
+        except StepInterrupted as exc:
             await self._store(self._message("assistant", exc.content))
             return await self._fail(exc.error.code, exc.error.message, exc.error.details)
         except ProviderError as exc:
@@ -313,7 +306,7 @@ class TurnRunner:
         await self._snapshot("model_call", message=message)
 
     async def _model_call(self, stream: AsyncIterator[ModelEvent]) -> tuple[list[Block], str]:
-        self.blocks = blocks = {}
+        self.blocks = blocks = dict[int, Block]()
         stop_reason = "end_turn"
         emit = self.emitter.emit
         try:
@@ -354,7 +347,7 @@ class TurnRunner:
                 "interrupted": True,
                 "provider": self.provider_name,
             }
-            raise _Interrupted(exc, content) from exc
+            raise StepInterrupted(exc, content) from exc
         self.blocks = {}
         return [blocks[i] for i in sorted(blocks)], stop_reason
 
@@ -362,9 +355,7 @@ class TurnRunner:
         self, index: int, block: Block, stop: BlockStop | None, *, announce_tool: bool = True
     ) -> None:
         block.close(stop)
-        await self.emitter.emit(
-            ContentBlockStop(block_index=index, block_type=block.block_type)  # type: ignore[arg-type]
-        )
+        await self.emitter.emit(ContentBlockStop(block_index=index, block_type=block.block_type))
         if block.block_type == "tool_use" and announce_tool:
             await self.emitter.emit(
                 ToolCall(
@@ -504,24 +495,24 @@ class TurnRunner:
         """Emit ``turn_resumed``, naming the cut-off step's events to discard."""
         seen = self.seen
         async for page in self.ctx.eventlog.pages_after(self.job.task_id, self.state.last_seq):
-            for event in page:
-                if f'"turn_id":"{self.job.turn_id}"' not in event.data:
+            for logged in page:
+                if turn_of(logged.data) != self.job.turn_id:
                     continue
-                if event.type in _MODEL_OUTPUT:
-                    seen.first_seq = seen.first_seq or event.seq
-                    seen.last_seq = event.seq
-                body = json.loads(event.data)
-                if event.type == "tool_result":
-                    seen.tool_results.add(body["tool_call_id"])
-                elif event.type == "hitl_request":
-                    seen.hitl_requests.add(body["request_id"])
-                elif event.type == "hitl_resolved":
-                    seen.hitl_resolved.add(body["request_id"])
-                elif event.type == "thread_lifecycle" and body["phase"] != "started":
+                if logged.type in _MODEL_OUTPUT:
+                    seen.first_seq = seen.first_seq or logged.seq
+                    seen.last_seq = logged.seq
+                event = parse_event(logged.data)
+                if isinstance(event, ToolResult):
+                    seen.tool_results.add(event.tool_call_id)
+                elif isinstance(event, HitlRequest):
+                    seen.hitl_requests.add(event.request_id)
+                elif isinstance(event, HitlResolved):
+                    seen.hitl_resolved.add(event.request_id)
+                elif isinstance(event, ThreadLifecycle) and event.phase in TERMINAL_PHASES:
                     seen.terminal = True
-                    seen.terminal_stop_reason = body.get("stop_reason")
+                    seen.terminal_stop_reason = event.stop_reason
                     seen.terminal_status = (
-                        "cancelled" if seen.terminal_stop_reason == "cancelled" else body["phase"]
+                        "cancelled" if event.stop_reason == "cancelled" else event.phase
                     )
         if seen.terminal:
             return  # it ended already; run() only records that
@@ -571,7 +562,7 @@ class TurnRunner:
 
     async def _cancel_requested(self) -> bool:
         flag = await self.ctx.redis.get(self.ctx.keys.cancel(self.job.task_id))
-        return flag == self.job.turn_id
+        return bool(flag == self.job.turn_id)
 
     # -- endings ---------------------------------------------------------------
     async def _end_cancelled(self) -> str:
@@ -605,7 +596,7 @@ class TurnRunner:
             await self.emitter.finish(last)
         if self.used_tools and self.ctx.tools is not None:
             # The watchdog: no process a tool started outlives its turn.
-            await self.ctx.tools.turn_ended(self.job.task_id)
+            await self.ctx.tools.turn_ended(self.job.tenant_id, self.job.task_id)
         async with self.ctx.sessions.begin() as session:
             await session.execute(
                 update(Turn)
@@ -677,8 +668,17 @@ class TurnRunner:
 
     async def _load_turn(self) -> Turn | None:
         async with self.ctx.sessions() as session:
-            row = await session.get(Turn, self.job.turn_id)
-        if row is None or row.status not in ("queued", "running", "parked"):
+            found = (
+                await session.execute(
+                    select(Turn, Task.name)
+                    .join(Task, Task.id == Turn.task_id)
+                    .where(Turn.id == self.job.turn_id)
+                )
+            ).first()
+        if found is None:
+            return None  # its task was deleted
+        row, self.emitter.task_name = found
+        if row.status not in ("queued", "running", "parked"):
             return None
         self.agent = self.job.agent or row.agent
         self.model = (
@@ -710,10 +710,3 @@ class TurnRunner:
         await self.emitter.drain()
         async with self.ctx.sessions.begin() as session:
             await session.execute(message)
-
-
-class _Interrupted(Exception):
-    def __init__(self, error: ProviderError, content: dict[str, Any]) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.content = content

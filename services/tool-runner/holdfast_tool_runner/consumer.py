@@ -11,11 +11,12 @@ channel, since every runner may hold processes of that task.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
+from holdfast_shared.background import Background
 from holdfast_shared.jobs import ToolCallJob, WorkspaceRemoval
 from holdfast_shared.keys import TOOLS_GROUP, Keys
+from holdfast_shared.pubsub import listen
 from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -56,19 +57,20 @@ class ToolConsumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         await ensure_group(self.redis, self.keys.tools, TOOLS_GROUP)
-        reaper = asyncio.create_task(self._reap_requests(), name="reap-requests")
         try:
-            while not stop.is_set():
-                free = self.concurrency - len(self._running)
-                if free <= 0:
-                    await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                for entry in await self._next_entries(free):
-                    self._start(entry)
+            async with Background() as background:
+                background.start(
+                    listen(self.redis, self.keys.tools_reap, self._reap, what="reap requests"),
+                    name="reap-requests",
+                )
+                while not stop.is_set():
+                    free = self.concurrency - len(self._running)
+                    if free <= 0:
+                        await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    for entry in await self._next_entries(free):
+                        self._start(entry)
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
 
@@ -110,12 +112,11 @@ class ToolConsumer:
 
     async def _handle(self, entry: Entry) -> None:
         entry_id, fields = entry
-        removal = WorkspaceRemoval.find(fields)
-        if removal is not None:
-            await self._remove_workspace(removal.task_id)
-            await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
-            return
         try:
+            removal = WorkspaceRemoval.find(fields)
+            if removal is not None:
+                await self._handle_removal(entry_id, removal)
+                return
             job = ToolCallJob.from_fields(fields)
         except ValueError:
             log.error("dropping malformed tool call %s: %r", entry_id, fields)
@@ -136,26 +137,25 @@ class ToolConsumer:
         )
         await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
 
-    async def _remove_workspace(self, task_id: str) -> None:
-        path = self.workspaces.path(task_id)
-        await reap_leftovers(path)
-        removed = await asyncio.to_thread(self.workspaces.remove, task_id)
+    async def _handle_removal(self, entry_id: str, removal: WorkspaceRemoval) -> None:
+        try:
+            await self._remove_workspace(removal.tenant_id, removal.task_id)
+        except Exception:
+            # Left pending: this or another runner claims it again and
+            # finishes the removal.
+            log.exception("could not remove the workspace of task %s", removal.task_id)
+            return
+        await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+
+    async def _remove_workspace(self, tenant_id: str, task_id: str) -> None:
+        # Its processes first, so none still writes into it while it goes.
+        await reap_leftovers(self.workspaces.path(tenant_id, task_id))
+        removed = await asyncio.to_thread(self.workspaces.remove, tenant_id, task_id)
         log.info("task %s deleted: workspace %s", task_id, "removed" if removed else "absent")
 
-    async def _reap_requests(self) -> None:
-        pubsub = self.redis.pubsub()
-        await pubsub.subscribe(self.keys.tools_reap)
-        try:
-            async for message in pubsub.listen():
-                if message.get("type") != "message":
-                    continue
-                task_id = str(message["data"])
-                try:
-                    killed = await reap_leftovers(self.workspaces.path(task_id))
-                except (OSError, ValueError):
-                    log.exception("could not reap leftovers of task %s", task_id)
-                    continue
-                if killed:
-                    log.info("reaped %d leftover process group(s) of task %s", killed, task_id)
-        finally:
-            await pubsub.aclose()
+    async def _reap(self, data: str) -> None:
+        """A turn ended (``<tenant_id> <task_id>``): kill what its tools left running."""
+        tenant_id, _, task_id = data.partition(" ")
+        killed = await reap_leftovers(self.workspaces.path(tenant_id, task_id))
+        if killed:
+            log.info("reaped %d leftover process group(s) of task %s", killed, task_id)

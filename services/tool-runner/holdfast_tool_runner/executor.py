@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_tool_runner.builtin import run_tool
 from holdfast_tool_runner.sandbox import Launchers, SandboxUnavailable
-from holdfast_tool_runner.workspaces import Workspaces
+from holdfast_tool_runner.workspaces import WorkspaceError, Workspaces
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,13 @@ class ToolExecutor:
         return await self._recall(job)
 
     async def _run(self, job: ToolCallJob) -> ToolOutcome:
-        workspace: Path = self.workspaces.ensure(job.task_id)
+        try:
+            workspace: Path = await asyncio.to_thread(
+                self.workspaces.ensure, job.tenant_id, job.task_id
+            )
+        except WorkspaceError as exc:
+            # Fail closed as well: no workspace, or not one within its limits.
+            return ToolOutcome(error=f"workspace unavailable, the tool did not run: {exc}")
         try:
             return await run_tool(
                 job.tool,

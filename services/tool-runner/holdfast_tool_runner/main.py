@@ -3,7 +3,8 @@
 Consumes: tool calls (``Keys.tools``, group ``tool-runners``); turn-end reap
 requests (``Keys.tools_reap``).
 Produces: each call's outcome in ``tool_results`` (PostgreSQL) and on the
-waiting loop-worker's inbox; files in the task's workspace.
+waiting loop-worker's inbox; files in the task's workspace (one size-capped
+filesystem per tenant and task, removed with the task).
 Guarantees: every process a tool starts runs in the sandbox (bubblewrap +
 seccomp + landlock + limits) or not at all; a call runs at most once, and a
 redelivered call gets the stored outcome; SIGTERM stops taking calls and
@@ -13,36 +14,29 @@ lets running ones finish.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
 
 from holdfast_shared import runners
+from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
 from holdfast_shared.logs import configure_logging
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
-from redis.asyncio import Redis
 
 from holdfast_tool_runner.consumer import ToolConsumer
 from holdfast_tool_runner.executor import ToolExecutor
-from holdfast_tool_runner.sandbox import SandboxProbe, launcher_pool, probe
+from holdfast_tool_runner.sandbox import launcher_pool, probe
+from holdfast_tool_runner.sweeper import sweep_once
 from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
 
-
-async def _stay_alive(redis: Redis, keys: Keys, runner_id: str, sandbox: SandboxProbe) -> None:
-    """Keep this runner's liveness key, so others can tell a dead runner's calls."""
-    while True:
-        try:
-            await runners.announce(redis, keys, runner_id, sandbox.as_dict())
-        except Exception:
-            log.warning("could not refresh the liveness key; retrying", exc_info=True)
-        await asyncio.sleep(runners.ALIVE_TTL_SECONDS / 3)
+# How often workspaces of deleted tasks whose removal job was lost are looked for.
+_SWEEP_SECONDS = 600.0
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -57,8 +51,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     engine = create_engine(database_url, pool_size=4)
     sessions = session_factory(engine)
     keys = Keys(settings.redis_prefix)
-    workspaces = Workspaces(settings.workspaces)
-    found = await probe()
+    workspaces = await asyncio.to_thread(Workspaces.from_settings, settings)
+    found = await probe(workspaces=workspaces.describe())
     # None when the host cannot sandbox: every call then fails closed with the reason.
     launchers = launcher_pool(spares=settings.sandbox_spares) if found.available else None
     consumer = ToolConsumer(
@@ -75,15 +69,28 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     )
     if launchers is not None:
         launchers.start()
-    alive = asyncio.create_task(_stay_alive(redis, keys, runner_id, found))
     try:
-        await consumer.run(stop)
+        async with Background() as background:
+            background.start(
+                every(
+                    runners.ALIVE_TTL_SECONDS / 3,
+                    lambda: runners.announce(redis, keys, runner_id, found.as_dict()),
+                    what="refreshing the liveness key",
+                ),
+                name="liveness",
+            )
+            background.start(
+                every(
+                    _SWEEP_SECONDS,
+                    lambda: sweep_once(workspaces, sessions),
+                    what="the sweep of deleted tasks' workspaces",
+                ),
+                name="workspace-sweep",
+            )
+            await consumer.run(stop)
     finally:
         if launchers is not None:
             await launchers.aclose()
-        alive.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await alive
         await runners.withdraw(redis, keys, runner_id)
         await redis.aclose()
         await engine.dispose()

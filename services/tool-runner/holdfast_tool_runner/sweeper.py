@@ -4,8 +4,9 @@ A deleted task's workspace is removed by the runner that takes its
 ``WorkspaceRemoval`` job. Should that job be lost (Redis lost its data, the
 stream was trimmed) the workspace would outlive its task; this sweep, at
 start and then every ``interval`` seconds, removes every workspace on this
-host whose task row is gone. It never touches a live task's workspace: a
-task's row is committed before its first tool call can create one.
+host whose task row is gone (the runner runs it with ``every``). It never
+touches a live task's workspace: a task's row is committed before its first
+tool call can create one.
 """
 
 from __future__ import annotations
@@ -47,14 +48,3 @@ async def sweep_once(
     if removed:
         log.info("removed %d workspace(s) of deleted tasks", len(removed))
     return removed
-
-
-async def sweep_forever(
-    workspaces: Workspaces, sessions: async_sessionmaker[AsyncSession], interval: float
-) -> None:
-    while True:
-        try:
-            await sweep_once(workspaces, sessions)
-        except Exception:
-            log.warning("workspace sweep failed; trying again later", exc_info=True)
-        await asyncio.sleep(interval)

@@ -21,6 +21,9 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
+        # Statement parameters are user content (messages, answers): an error
+        # logs the statement without them.
+        hide_parameters=True,
     )
 
 

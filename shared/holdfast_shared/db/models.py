@@ -58,10 +58,21 @@ class ApiKey(Base):
 
 
 class Task(Base):
+    """A conversation with its turns, event log and workspace.
+
+    ``id`` is minted by the engine (:func:`~holdfast_shared.ids.new_task_id`)
+    and never reused: every row, Redis key and workspace of the task is keyed
+    by it. ``name`` is what the client calls the task (``task_id`` on the
+    API): unique within its tenant only, and free again once the task is
+    deleted, without a new task ever reaching the old one's data.
+    """
+
     __tablename__ = "tasks"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_tasks_tenant_id_name"),)
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
     agent: Mapped[str | None] = mapped_column(String(128))
     model: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -11,14 +11,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body
-from holdfast_shared.db.models import Task
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import TurnJob
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
-from holdfast_gateway.deps import StateDep, TenantDep
+from holdfast_gateway.deps import StateDep, TenantDep, require_task
 from holdfast_gateway.errors import ApiError
 
 router = APIRouter()
@@ -34,17 +32,14 @@ class CancelRequest(BaseModel):
 async def cancel(
     state: StateDep, tenant: TenantDep, body: Annotated[CancelRequest, Body()]
 ) -> dict[str, str]:
-    async with state.sessions() as session:
-        owner = await session.scalar(select(Task.tenant_id).where(Task.id == body.task_id))
-    if owner != tenant:
-        raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {body.task_id!r} not found")
-    turn_id = await state.lock.holder(body.task_id)
+    task = await require_task(state, tenant, body.task_id)
+    turn_id = await state.lock.holder(task.id)
     if turn_id is None:
-        raise ApiError(409, ErrorCode.NO_RUNNING_TURN, f"task {body.task_id!r} has no running turn")
+        raise ApiError(409, ErrorCode.NO_RUNNING_TURN, f"task {task.name!r} has no running turn")
     keys = state.keys
     # The flag covers a turn between workers; the message stops a running one
     # at once; the job wakes a parked one.
-    await state.redis.set(keys.cancel(body.task_id), turn_id, ex=3600)
-    await state.redis.publish(keys.cancels, f"{body.task_id} {turn_id}")
-    await state.redis.xadd(keys.turns, TurnJob.resuming(tenant, body.task_id, turn_id).to_fields())
-    return {"status": "cancelling", "task_id": body.task_id, "turn_id": turn_id}
+    await state.redis.set(keys.cancel(task.id), turn_id, ex=3600)
+    await state.redis.publish(keys.cancels, f"{task.id} {turn_id}")
+    await state.redis.xadd(keys.turns, TurnJob.resuming(tenant, task.id, turn_id).to_fields())
+    return {"status": "cancelling", "task_id": task.name, "turn_id": turn_id}

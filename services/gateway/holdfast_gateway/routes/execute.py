@@ -2,49 +2,122 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 from holdfast_shared.availability import available_providers
+from holdfast_shared.content import (
+    MAX_MEDIA_ITEMS,
+    MediaItem,
+    Text,
+    as_stored,
+    check_media_total,
+)
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
-from holdfast_shared.modelspec import parse_model_spec
+from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
-from holdfast_gateway.deps import StateDep, TenantDep
+from holdfast_gateway import errors
+from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.sse import event_frames, frame, sse_response
 from holdfast_gateway.turns import start_turn
 
 router = APIRouter()
 
 MAX_MESSAGE_CHARS = 1_000_000
+_MODEL_SPEC = re.compile(MODEL_SPEC_PATTERN)
 
 
 class ExecuteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    message: Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_CHARS)]
+    message: Annotated[Text, Field(min_length=1, max_length=MAX_MESSAGE_CHARS)]
     task_id: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
     agent: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
-    model: Annotated[str | None, Field(max_length=200)] = None
-    media: list[dict[str, Any]] = []
-    direct: bool = False
+    model: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=200,
+                description="provider[:model], e.g. anthropic:claude-sonnet-4-5",
+                json_schema_extra={"pattern": MODEL_SPEC_PATTERN},
+            ),
+        ]
+        | None
+    ) = None
+    media: Annotated[
+        list[MediaItem],
+        Field(
+            max_length=MAX_MEDIA_ITEMS,
+            description="images and files for the model, inline (base64) or by URL",
+        ),
+    ] = []
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str | None) -> str | None:
         if value is not None:
             parse_model_spec(value)  # raises ValueError → 422 naming the provider
+            if not _MODEL_SPEC.fullmatch(value):
+                raise ValueError("a model is provider[:model], in ASCII without spaces")
         return value
+
+    @field_validator("media")
+    @classmethod
+    def _bounded_media(cls, value: list[Any]) -> list[Any]:
+        check_media_total(value)
+        return value
+
+
+# What a client can do next with the task the response names (X-Task-Id).
+_TASK_LINKS = {
+    "ReplayTask": {
+        "operationId": "replay",
+        "parameters": {"task_id": "$response.header.X-Task-Id"},
+    },
+    "CancelTurn": {
+        "operationId": "cancel",
+        "requestBody": {"task_id": "$response.header.X-Task-Id"},
+    },
+    "PendingQuestions": {
+        "operationId": "pending",
+        "parameters": {"task_id": "$response.header.X-Task-Id"},
+    },
+    "DeleteTask": {
+        "operationId": "delete_task",
+        "parameters": {"task_id": "$response.header.X-Task-Id"},
+    },
+}
+_TURN_HEADERS = {
+    "X-Task-Id": {"description": "the task's id", "schema": {"type": "string"}, "required": True},
+    "X-Turn-Id": {
+        "description": "the new turn's id",
+        "schema": {"type": "string"},
+        "required": True,
+    },
+}
 
 
 @router.post(
     "/execute",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    dependencies=[JsonBody],
+    responses={
+        200: {
+            "description": "the turn's events until it ends",
+            "content": SSE_CONTENT,
+            "headers": _TURN_HEADERS,
+            "links": _TASK_LINKS,
+        },
+        **errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404, 409),
+    },
     summary="Send a message to a task and stream the turn as Server-Sent Events",
 )
 async def execute(
@@ -59,22 +132,21 @@ async def execute(
         task_id=request.task_id,
         agent=request.agent,
         model=request.model,
-        media=request.media,
-        direct=request.direct,
+        media=as_stored(request.media),
     )
 
     async def frames() -> AsyncIterator[str]:
         yield frame(turn.started)
         async for chunk in event_frames(
-            state.hub, state.eventlog, turn.task_id, turn.started.seq, stop_turn=turn.turn_id
+            state.hub, state.eventlog, turn.task.id, turn.started.seq, stop_turn=turn.turn_id
         ):
             yield chunk
 
     return sse_response(
         frames(),
-        turn.task_id,
+        turn.task.name,
         state.settings.heartbeat_seconds,
-        headers={"X-Task-Id": turn.task_id, "X-Turn-Id": turn.turn_id},
+        headers={"X-Task-Id": turn.task.name, "X-Turn-Id": turn.turn_id},
     )
 
 

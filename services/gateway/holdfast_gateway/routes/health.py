@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from holdfast_shared.runners import live_runners
+from pydantic import BaseModel
 from sqlalchemy import text
 
+from holdfast_gateway import errors
 from holdfast_gateway.deps import StateDep
 
 router = APIRouter()
@@ -28,7 +30,23 @@ async def _probe(check: Any) -> dict[str, Any]:
     return {"status": "ok", "latency_ms": round((time.perf_counter() - start) * 1000, 2)}
 
 
-@router.get("/health", summary="Health of the gateway, Redis and PostgreSQL (no key needed)")
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    uptime_seconds: float
+    # redis, postgres: {"status": "ok"|"error", "latency_ms"|"error"}; fanout;
+    # tool_runners: each live runner's sandbox.
+    subsystems: dict[str, Any]
+
+
+@router.get(
+    "/health",
+    responses={
+        200: {"model": Health, "description": "Redis and PostgreSQL answer"},
+        503: {"model": Health, "description": "Redis or PostgreSQL does not answer"},
+        **errors.responses(500),
+    },
+    summary="Health of the gateway, Redis and PostgreSQL (no key needed)",
+)
 async def health(state: StateDep) -> JSONResponse:
     async def pg() -> None:
         async with state.sessions() as session:

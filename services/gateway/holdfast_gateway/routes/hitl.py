@@ -9,17 +9,26 @@ goes on — also days later and after every process restarted.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query
-from holdfast_shared.db.models import HitlRequestRecord
+from holdfast_shared.content import (
+    MAX_MEDIA_ITEMS,
+    ContentBlock,
+    Text,
+    as_stored,
+    check_media_total,
+)
+from holdfast_shared.db.models import HitlRequestRecord, Task
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import TurnJob
-from pydantic import BaseModel, ConfigDict, Field
+from holdfast_shared.tasks import find_task
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select, update
 
-from holdfast_gateway.deps import StateDep, TenantDep
+from holdfast_gateway import errors
+from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
 
 router = APIRouter()
@@ -30,19 +39,54 @@ class HitlAnswer(BaseModel):
 
     task_id: Annotated[str, Field(pattern=ID_PATTERN)]
     request_id: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
-    answer: Annotated[str, Field(min_length=1, max_length=100_000)]
-    feedback: Annotated[str | None, Field(max_length=100_000)] = None
-    content_blocks: list[dict[str, Any]] | None = None
+    answer: Annotated[Text, Field(min_length=1, max_length=100_000)]
+    feedback: Annotated[Text, Field(max_length=100_000)] | None = None
+    content_blocks: (
+        Annotated[
+            list[ContentBlock],
+            Field(
+                max_length=MAX_MEDIA_ITEMS,
+                description="text and media attached to the answer; the model sees them",
+            ),
+        ]
+        | None
+    ) = None
+
+    @field_validator("content_blocks")
+    @classmethod
+    def _bounded_media(cls, value: list[Any] | None) -> list[Any] | None:
+        check_media_total(value or ())
+        return value
+
+
+class PendingRequest(BaseModel):
+    request_id: str
+    task_id: str
+    turn_id: str
+    kind: Literal["permission", "question"]
+    question: str
+    tool_call: dict[str, Any] | None
+    created_at: int
+    expires_at: int
+
+
+class Pending(BaseModel):
+    pending: list[PendingRequest]
+
+
+class Resumed(BaseModel):
+    status: Literal["resumed"]
+    request_id: str
 
 
 def _ms(value: datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
-def _describe(row: HitlRequestRecord) -> dict[str, Any]:
+def _describe(row: HitlRequestRecord, task_name: str) -> dict[str, Any]:
     return {
         "request_id": row.request_id,
-        "task_id": row.task_id,
+        "task_id": task_name,
         "turn_id": row.turn_id,
         "kind": row.kind,
         "question": row.question,
@@ -52,14 +96,20 @@ def _describe(row: HitlRequestRecord) -> dict[str, Any]:
     }
 
 
-@router.get("/hitl/pending", summary="Questions waiting for an answer from this tenant")
+@router.get(
+    "/hitl/pending",
+    response_model=Pending,
+    responses=errors.responses(*errors.AUTHENTICATED),
+    summary="Questions waiting for an answer from this tenant",
+)
 async def pending(
     state: StateDep,
     tenant: TenantDep,
     task_id: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
 ) -> dict[str, Any]:
     query = (
-        select(HitlRequestRecord)
+        select(HitlRequestRecord, Task.name)
+        .join(Task, Task.id == HitlRequestRecord.task_id)
         .where(
             HitlRequestRecord.tenant_id == tenant,
             HitlRequestRecord.status == "pending",
@@ -68,17 +118,27 @@ async def pending(
         .order_by(HitlRequestRecord.created_at)
     )
     if task_id is not None:
-        query = query.where(HitlRequestRecord.task_id == task_id)
+        query = query.where(Task.name == task_id)
     async with state.sessions() as session:
-        rows = (await session.scalars(query)).all()
-    return {"pending": [_describe(row) for row in rows]}
+        rows = (await session.execute(query)).all()
+    return {"pending": [_describe(row, name) for row, name in rows]}
 
 
-@router.post("/hitl/respond", summary="Answer a pending permission prompt or question")
+@router.post(
+    "/hitl/respond",
+    response_model=Resumed,
+    dependencies=[JsonBody],
+    responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404, 409, 410),
+    summary="Answer a pending permission prompt or question",
+)
 async def respond(
     state: StateDep, tenant: TenantDep, body: Annotated[HitlAnswer, Body()]
 ) -> dict[str, str]:
-    row = await _find(state, tenant, body)
+    async with state.sessions() as session:
+        task = await find_task(session, tenant, body.task_id)
+    if task is None:
+        raise ApiError(404, ErrorCode.HITL_NOT_FOUND, "no pending request matches")
+    row = await _find(state, tenant, task.id, body)
     if row.kind == "permission" and body.answer.strip().lower() not in ("yes", "no"):
         raise ApiError(
             422,
@@ -101,7 +161,9 @@ async def respond(
                 answer=body.answer,
                 feedback=body.feedback,
                 answer_content=(
-                    {"blocks": body.content_blocks} if body.content_blocks is not None else None
+                    {"blocks": as_stored(body.content_blocks)}
+                    if body.content_blocks is not None
+                    else None
                 ),
                 answered_at=now,
             )
@@ -118,9 +180,9 @@ async def respond(
     return {"status": "resumed", "request_id": row.request_id}
 
 
-async def _find(state: StateDep, tenant: str, body: HitlAnswer) -> HitlRequestRecord:
+async def _find(state: StateDep, tenant: str, task_id: str, body: HitlAnswer) -> HitlRequestRecord:
     query = select(HitlRequestRecord).where(
-        HitlRequestRecord.tenant_id == tenant, HitlRequestRecord.task_id == body.task_id
+        HitlRequestRecord.tenant_id == tenant, HitlRequestRecord.task_id == task_id
     )
     if body.request_id is not None:
         query = query.where(HitlRequestRecord.request_id == body.request_id)

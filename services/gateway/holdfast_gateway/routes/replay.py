@@ -5,43 +5,52 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
-from holdfast_shared.db.models import Task
-from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from sse_starlette import EventSourceResponse
 
-from holdfast_gateway.deps import StateDep, TenantDep
-from holdfast_gateway.errors import ApiError
+from holdfast_gateway import errors
+from holdfast_gateway.deps import StateDep, TenantDep, require_task
+from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.sse import event_frames, sse_response
 
 router = APIRouter()
+
+# Every cursor is checked against this range before anything is read or sent
+# (Redis stream ids and PostgreSQL bigints both hold it, with room for +1).
+MAX_CURSOR = 10**18 - 1
 
 
 @router.get(
     "/execute/replay",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={
+        200: {"description": "the events after the cursor", "content": SSE_CONTENT},
+        **errors.responses(*errors.AUTHENTICATED, 404),
+    },
     summary="Replay a task's events after a cursor, then follow the running turn",
 )
 async def replay(
     state: StateDep,
     tenant: TenantDep,
     task_id: Annotated[str, Query(pattern=ID_PATTERN)],
-    after: Annotated[int | None, Query(ge=0, description="timestamp cursor, epoch ms")] = None,
-    after_seq: Annotated[int | None, Query(ge=0, description="seq cursor")] = None,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_CURSOR, description="timestamp cursor, epoch ms")
+    ] = None,
+    after_seq: Annotated[int | None, Query(ge=0, le=MAX_CURSOR, description="seq cursor")] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            pattern=r"^[0-9]{0,18}$",
+            description="seq cursor, as an SSE client resends it; empty is the same as absent",
+        ),
+    ] = None,
 ) -> EventSourceResponse:
-    async with state.sessions() as session:
-        owner = await session.scalar(
-            Task.__table__.select().with_only_columns(Task.tenant_id).where(Task.id == task_id)
-        )
-    if owner != tenant:
-        raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
-
-    cursor = await _cursor(state, task_id, after, after_seq, last_event_id)
-    running = await state.lock.holder(task_id)
-    frames = event_frames(state.hub, state.eventlog, task_id, cursor, stop_turn=running)
-    return sse_response(frames, task_id, state.settings.heartbeat_seconds)
+    task = await require_task(state, tenant, task_id)
+    cursor = await _cursor(state, task.id, after, after_seq, last_event_id)
+    running = await state.lock.holder(task.id)
+    frames = event_frames(state.hub, state.eventlog, task.id, cursor, stop_turn=running)
+    return sse_response(frames, task.name, state.settings.heartbeat_seconds)
 
 
 async def _cursor(
@@ -52,12 +61,8 @@ async def _cursor(
     last_event_id: str | None,
 ) -> int:
     """A seq cursor from whichever one the client gave (seq-based ones win)."""
-    if last_event_id is not None:
-        if not last_event_id.isdigit():
-            raise ApiError(
-                422, ErrorCode.INVALID_REQUEST, "Last-Event-ID must be an event seq (an integer)"
-            )
-        return int(last_event_id)
+    if last_event_id:
+        return int(last_event_id)  # ASCII digits only: the route's pattern saw to it
     if after_seq is not None:
         return after_seq
     if after:

@@ -15,9 +15,9 @@ from holdfast_shared.db.models import (
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import WorkspaceRemoval
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 
-from holdfast_gateway.deps import StateDep, TenantDep
+from holdfast_gateway.deps import StateDep, TenantDep, require_task
 from holdfast_gateway.errors import ApiError
 
 router = APIRouter()
@@ -29,27 +29,27 @@ async def delete_task(
     tenant: TenantDep,
     task_id: Annotated[str, Path(pattern=ID_PATTERN)],
 ) -> dict[str, str]:
-    async with state.sessions() as session:
-        owner = await session.scalar(select(Task.tenant_id).where(Task.id == task_id))
-    if owner != tenant:
-        raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
-    running = await state.lock.holder(task_id)
+    task = await require_task(state, tenant, task_id)
+    running = await state.lock.holder(task.id)
     if running is not None:
         raise ApiError(
             409,
             ErrorCode.TURN_IN_PROGRESS,
-            f"task {task_id!r} has a running turn; cancel it or wait for it to end",
-            {"task_id": task_id, "turn_id": running},
+            f"task {task.name!r} has a running turn; cancel it or wait for it to end",
+            {"task_id": task.name, "turn_id": running},
         )
     async with state.sessions.begin() as session:
         # turns and messages go with the task (ON DELETE CASCADE); the rest is
         # keyed by task id without a foreign key (they outlive Redis, not tasks).
         for model in (EventRecord, ToolResultRecord, HitlRequestRecord, ChannelStateSnapshot):
-            await session.execute(delete(model).where(model.task_id == task_id))
-        await session.execute(delete(Task).where(Task.id == task_id))
+            await session.execute(delete(model).where(model.task_id == task.id))
+        await session.execute(delete(Task).where(Task.id == task.id))
     keys = state.keys
-    await state.redis.delete(keys.events(task_id), keys.archived(task_id))
-    await state.redis.zrem(keys.archive_dirty, task_id)
-    # The workspace lives with the tool-runners: one of them removes it.
-    await state.redis.xadd(keys.tools, WorkspaceRemoval(task_id=task_id).to_fields())
-    return {"status": "deleted", "task_id": task_id}
+    await state.redis.delete(*keys.task_keys(task.id))
+    await state.redis.zrem(keys.archive_dirty, task.id)
+    # The workspace lives with the tool-runners: one of them removes it. The
+    # name is free at once: a new task of that name gets a new id, so its
+    # workspace is another directory and this removal can never reach it.
+    removal = WorkspaceRemoval(tenant_id=tenant, task_id=task.id)
+    await state.redis.xadd(keys.tools, removal.to_fields())
+    return {"status": "deleted", "task_id": task.name}

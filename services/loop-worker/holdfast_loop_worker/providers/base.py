@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.errors import HoldfastError
 from holdfast_shared.tools import ToolSpec as ToolSpec  # re-exported for providers
 
 BlockType = Literal["text", "thinking", "tool_use"]
@@ -90,7 +91,7 @@ class Provider(Protocol):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]: ...
 
 
-class ProviderError(Exception):
+class ProviderError(HoldfastError):
     """A model call failed. ``code`` is a stable ErrorCode value.
 
     ``retryable`` marks failures worth another attempt (429, 5xx, overloaded,
@@ -108,10 +109,7 @@ class ProviderError(Exception):
         retry_after: float | None = None,
         status: int | None = None,
     ):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
+        super().__init__(code, message, details)
         self.retryable = retryable
         self.retry_after = retry_after
         self.status = status

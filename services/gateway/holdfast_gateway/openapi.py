@@ -1,0 +1,107 @@
+"""The API description (``/openapi.json``) and its interactive docs (``/docs``).
+
+FastAPI writes the description from the routes. Added here: the event
+catalogue (``holdfast_shared.events.Event``) as components, so that each
+SSE response documents its frames — ``event`` the type, ``id`` the seq,
+``data`` one event as JSON (:data:`SSE_CONTENT`); optional parameters
+described as what is sent (a value, or nothing — never ``null``, which
+FastAPI's ``X | None`` would otherwise allow); and ``/docs`` served with
+the Swagger UI assets of the ``swagger-ui-bundle-v2`` package, so it loads
+nothing from a CDN (``HOLDFAST_DOCS_ENABLED=false`` turns it off).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+from holdfast_shared.events import EVENT_ADAPTER, EVENT_TYPES
+from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
+
+_REF_TEMPLATE = "#/components/schemas/{model}"
+
+SSE_CONTENT: dict[str, Any] = {
+    "text/event-stream": {
+        # Open API 3.1 has no keyword for one item of a stream: the schema of a
+        # text/event-stream response describes each event, as tools read it.
+        "schema": {
+            "type": "object",
+            "description": (
+                "One Server-Sent Event. `event` is the type, `id` the event's seq "
+                "(heartbeats have none) and `data` the event as flat JSON."
+            ),
+            "required": ["event", "data"],
+            "properties": {
+                "event": {"type": "string", "enum": sorted(EVENT_TYPES)},
+                "id": {"type": "string", "pattern": "^[0-9]+$"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": _REF_TEMPLATE.format(model="Event")},
+                },
+            },
+        }
+    }
+}
+"""The ``content`` of a 200 response that is an event stream."""
+
+
+def operation_id(route: APIRoute) -> str:
+    """Operations are named after their functions (``execute``, ``replay``…)."""
+    return route.name
+
+
+def _drop_null(schema: dict[str, Any]) -> None:
+    """``anyOf: [X, null]`` becomes ``X``: a query or header value is never null."""
+    branches = schema.get("anyOf")
+    if not branches:
+        return
+    kept = [branch for branch in branches if branch.get("type") != "null"]
+    if len(kept) == 1:
+        del schema["anyOf"]
+        schema.update(kept[0])
+    else:
+        schema["anyOf"] = kept
+
+
+def install(app: FastAPI, *, docs: bool) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                summary=app.summary,
+                description=app.description,
+                routes=app.routes,
+            )
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    for parameter in operation.get("parameters", ()):
+                        _drop_null(parameter["schema"])
+            event = EVENT_ADAPTER.json_schema(ref_template=_REF_TEMPLATE)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(event.pop("$defs", {}))
+            components["Event"] = event
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    if not docs:
+        return
+    app.mount("/docs/assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} API",
+            swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs/assets/swagger-ui.css",
+            swagger_favicon_url="/docs/assets/favicon-32x32.png",
+        )
