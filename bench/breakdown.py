@@ -247,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     out = engine.log_dir / "breakdown.json"
     warmup = 10
     try:
-        engine.create_database()
+        engine.open()
         engine.start_gateway(
             code="from bench.breakdown import instrumented_main; instrumented_main()",
-            extra_env={OUT_ENV: str(out), "PYTHONPATH": str(Path(__file__).parent.parent)},
+            extra_env={OUT_ENV: str(out)},
         )
         engine.set_workers(1, 64)
         lat = run_async(
@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             True,
         )
     finally:
-        engine.stop()
-        run_async(engine.delete_redis_keys, False)
-        engine.drop_database()
+        engine.close()
     lines = out.read_text().splitlines()
     records = [r for r in map(json.loads, lines) if "first_body" in r][warmup:]
     shutil.rmtree(engine.log_dir, ignore_errors=True)

@@ -171,11 +171,7 @@ class Context:
         if current is not None and current[1:] == setup[1:] and current[0] < count:
             # The same kind of worker, more of them: keep the running ones.
             self.say(f"loop-workers{how}: {count - current[0]} more")
-            engine = self.engine
-            added = [
-                engine.start_worker(concurrency, extra_env, code) for _ in range(count - current[0])
-            ]
-            asyncio.run(engine.wait_consumers(added))
+            self.engine.add_workers(count - current[0], concurrency, extra_env, code)
         else:
             self.say(f"loop-workers{how}: {count} x HOLDFAST_WORKER_CONCURRENCY={concurrency}")
             self.engine.set_workers(count, concurrency, extra_env, code)
@@ -221,25 +217,24 @@ class Context:
             self.say(f"machine busy {busy:.0f}% of one core before the run")
         self.redis_pid = run_async(lambda: _redis_pid(engine.redis_url), False)
         self.started_at = time.perf_counter()
-        self.say(
-            f"run {engine.run_id}: database {engine.db_name}, Redis prefix {engine.prefix}, "
-            f"RLIMIT_NOFILE {nofile}, client loop "
-            f"{'uvloop' if self.use_uvloop else 'asyncio'}; logs in {engine.log_dir}"
-        )
         try:
-            engine.create_database()
+            engine.open()
+            self.say(
+                f"run {engine.run_id}: database {engine.db_name}, Redis prefix {engine.prefix}, "
+                f"RLIMIT_NOFILE {nofile}, client loop "
+                f"{'uvloop' if self.use_uvloop else 'asyncio'}; logs in {engine.log_dir}"
+            )
             yield
         except BaseException:
             self.console.print("[red]bench failed; engine logs:[/]\n" + escape(engine.log_tail()))
             raise
         finally:
             self.say("stopping the engine and cleaning up")
-            engine.stop()
-            deleted = run_async(engine.delete_redis_keys, False)
-            engine.drop_database()
+            db_name = engine.db_name if engine.is_open else "(none)"
+            deleted = engine.close()
             if not options.keep_logs:
                 shutil.rmtree(engine.log_dir, ignore_errors=True)
-            self.say(f"deleted {deleted} Redis keys, dropped database {engine.db_name}")
+            self.say(f"deleted {deleted} Redis keys, dropped database {db_name}")
 
 
 async def _redis_pid(url: str) -> int | None:

@@ -1,19 +1,18 @@
-"""The bench's own engine: a fresh database, a private Redis prefix, real processes.
+"""The bench's own engine, started by ``holdfast.testing``, and what the bench measures with.
 
-Nothing here is shared with a running engine: the database ``hfbench_<hex>``
-is created and dropped (``WITH (FORCE)``), every Redis key lives under
-``hfbench:<hex>:`` and is deleted at the end, and the processes are the
-bench's own children, stopped by pid.
+Nothing here is shared with a running engine: the environment creates the
+database ``hfbench_<hex>`` and drops it, keeps every Redis key under
+``hfbench:<hex>:`` and deletes them, and its processes are the bench's own
+children, ready by the harness's one rule and stopped by pid. The bench adds
+its entry points (``code``: instrumented services, run with the repository
+on ``PYTHONPATH``) and helper processes (the fake provider server).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import resource
-import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,14 +21,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 import psycopg
 from sqlalchemy.engine import make_url
 
+from holdfast.testing import EngineEnvironment, Process
+from holdfast.testing.database import libpq_url
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432"
+READY_SECONDS = 60.0
 
 
 def redis_url() -> str:
@@ -40,12 +42,8 @@ def admin_database_url() -> str:
     return os.environ.get("HOLDFAST_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
 
 
-def _with_database(url: str, name: str) -> str:
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
-
-
 def _psycopg_url(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return libpq_url(url)
 
 
 def raise_nofile(wanted: int) -> int:
@@ -58,167 +56,121 @@ def raise_nofile(wanted: int) -> int:
     return soft
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _command(code: str | None) -> list[str] | None:
+    return None if code is None else [sys.executable, "-c", code]
+
+
+def _env(code: str | None, extra: dict[str, str] | None) -> dict[str, str]:
+    """``extra``, and for bench code run inside an engine process (bench.instrument,
+    the fake provider) the repository root on ``PYTHONPATH``, to import it from."""
+    env = dict(extra or {})
+    if code is not None:
+        path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (REPO_ROOT, path)))
+    return env
 
 
 @dataclass
 class Engine:
-    """A database, a Redis prefix, an API key, and the engine's processes."""
+    """A database, a Redis prefix, an API key, and the engine's processes:
+    an :class:`EngineEnvironment` from :meth:`open` to :meth:`close`."""
 
     redis_url: str
     admin_url: str
     heartbeat_seconds: float
     worker_concurrency: int
-    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
-    api_key: str = field(default_factory=lambda: f"hf_bench_{secrets.token_hex(16)}")
-    gateway: subprocess.Popen[bytes] | None = None
-    gateway_url: str = ""
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    # Tool-runners and helper processes (the fake provider server), stopped with the rest.
-    runners: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Helper processes (the fake provider server), stopped with the rest.
     helpers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # The environment's directory: process logs in logs/, spans, workspaces.
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hfbench-")))
-    _db_created: bool = False
-    _worker_seq: int = 0
+    _environment: EngineEnvironment | None = None
+
+    def open(self) -> None:
+        """Create the database (migrated, with the bench's API key) and the prefix."""
+        self._environment = EngineEnvironment(
+            redis_url=self.redis_url,
+            postgres_url=self.admin_url,
+            directory=self.log_dir,
+            name="hfbench",
+            tenant="tenant-bench",
+            env={
+                "HOLDFAST_HEARTBEAT_SECONDS": str(self.heartbeat_seconds),
+                "HOLDFAST_MODEL": "scripted",
+                "HOLDFAST_LOG_LEVEL": "WARNING",
+                "HOLDFAST_WORKER_CONCURRENCY": str(self.worker_concurrency),
+            },
+        )
+
+    @property
+    def is_open(self) -> bool:
+        return self._environment is not None
+
+    @property
+    def environment(self) -> EngineEnvironment:
+        if self._environment is None:
+            raise RuntimeError("the bench engine is not open")
+        return self._environment
+
+    @property
+    def run_id(self) -> str:
+        return self.environment.run_id
+
+    @property
+    def api_key(self) -> str:
+        return self.environment.api_key
 
     @property
     def prefix(self) -> str:
-        return f"hfbench:{self.run_id}:"
-
-    @property
-    def db_name(self) -> str:
-        return f"hfbench_{self.run_id}"
+        return self.environment.prefix
 
     @property
     def database_url(self) -> str:
-        return _with_database(self.admin_url, self.db_name)
+        return self.environment.database_url
 
-    # -- database --------------------------------------------------------------
-    def create_database(self) -> None:
-        from holdfast_shared.db import upgrade_head
+    @property
+    def db_name(self) -> str:
+        return str(make_url(self.database_url).database)
 
-        with psycopg.connect(_psycopg_url(self.admin_url), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db_name}"')
-        self._db_created = True
-        upgrade_head(self.database_url)
+    @property
+    def gateway(self) -> Process | None:
+        gateways = self.environment.of("gateway") if self._environment else []
+        return gateways[0] if gateways else None
 
-        async def add() -> None:
-            from holdfast_shared.db import create_engine, session_factory
-            from holdfast_shared.tenancy import add_key
+    @property
+    def gateway_url(self) -> str:
+        return self.environment.url
 
-            engine = create_engine(self.database_url, pool_size=1)
-            try:
-                async with session_factory(engine).begin() as session:
-                    await add_key(session, "tenant-bench", self.api_key)
-            finally:
-                await engine.dispose()
+    @property
+    def workers(self) -> list[Process]:
+        return self.environment.of("loop-worker") if self._environment else []
 
-        asyncio.run(add())
-
-    def drop_database(self) -> None:
-        if not self._db_created:
-            return
-        with psycopg.connect(_psycopg_url(self.admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
-        self._db_created = False
-
-    async def delete_redis_keys(self) -> int:
-        from holdfast_shared.redisconn import connect
-
-        client = connect(self.redis_url)
-        deleted = 0
-        try:
-            batch: list[str] = []
-            async for key in client.scan_iter(match=f"{self.prefix}*", count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    deleted += await client.delete(*batch)
-                    batch = []
-            if batch:
-                deleted += await client.delete(*batch)
-        finally:
-            await client.aclose()
-        return deleted
+    @property
+    def runners(self) -> list[Process]:
+        return self.environment.of("tool-runner") if self._environment else []
 
     # -- processes -------------------------------------------------------------
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
-        env.update(
-            HOLDFAST_REDIS_URL=self.redis_url,
-            HOLDFAST_DATABASE_URL=self.database_url,
-            HOLDFAST_REDIS_PREFIX=self.prefix,
-            HOLDFAST_HEARTBEAT_SECONDS=str(self.heartbeat_seconds),
-            HOLDFAST_MODEL="scripted",
-            HOLDFAST_LOG_LEVEL="WARNING",
-            HOLDFAST_WORKER_CONCURRENCY=str(self.worker_concurrency),
-        )
-        env.update(extra)
-        return env
-
-    def _spawn(
-        self,
-        module: str,
-        env: dict[str, str],
-        log_name: str,
-        code: str | None = None,
-        stdout: int | None = None,
-    ) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / log_name, "ab")  # the child keeps it open
-        if code is not None:
-            # Bench code run inside an engine process (bench.instrument, the fake
-            # provider) is imported from the repository root.
-            path = os.pathsep.join(filter(None, (REPO_ROOT, env.get("PYTHONPATH"))))
-            env = {**env, "PYTHONPATH": path}
-        return subprocess.Popen(
-            [sys.executable, "-c", code or f"from {module}.main import main; main()"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log if stdout is None else stdout,
-            stderr=log if stdout is not None else subprocess.STDOUT,
-            cwd=REPO_ROOT,
-        )
-
     def start_gateway(
         self, code: str | None = None, extra_env: dict[str, str] | None = None
     ) -> str:
-        port = free_port()
-        env = self.env(HOLDFAST_PORT=str(port), HOLDFAST_HOST="127.0.0.1", **(extra_env or {}))
-        proc = self._spawn("holdfast_gateway", env, "gateway.log", code)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {proc.returncode}; {self.log_tail()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"gateway not healthy in 30 s; {self.log_tail()}")
-            time.sleep(0.1)
-        self.gateway, self.gateway_url = proc, url
-        return url
+        """Start the gateway (``code``: another entry point) and wait until it is healthy."""
+        self.environment.start(
+            "gateway", env=_env(code, extra_env), command=_command(code), within=READY_SECONDS
+        )
+        return self.gateway_url
 
     def start_worker(
         self,
         concurrency: int | None = None,
         extra_env: dict[str, str] | None = None,
         code: str | None = None,
-    ) -> subprocess.Popen[bytes]:
-        """Start a loop-worker (``code``: another entry point, e.g. an instrumented one)."""
+    ) -> Process:
+        """Start a loop-worker (``code``: another entry point, e.g. an instrumented
+        one); not waited for (:meth:`wait_ready`)."""
         extra = {} if concurrency is None else {"HOLDFAST_WORKER_CONCURRENCY": str(concurrency)}
         extra.update(extra_env or {})
-        self._worker_seq += 1
-        proc = self._spawn(
-            "holdfast_loop_worker", self.env(**extra), f"worker{self._worker_seq}.log", code
+        return self.environment.start(
+            "loop-worker", env=_env(code, extra), command=_command(code), wait=False
         )
-        self.workers.append(proc)
-        return proc
 
     def set_workers(
         self,
@@ -227,44 +179,55 @@ class Engine:
         extra_env: dict[str, str] | None = None,
         code: str | None = None,
     ) -> None:
-        """Replace the running loop-workers by ``count`` new ones and wait until
-        each has joined the turns consumer group."""
+        """Replace the running loop-workers by ``count`` new ones, each ready."""
         self.stop_workers()
-        procs = [self.start_worker(concurrency, extra_env, code) for _ in range(count)]
-        asyncio.run(self.wait_consumers(procs))
+        self.add_workers(count, concurrency, extra_env, code)
 
-    def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
+    def add_workers(
+        self,
+        count: int,
+        concurrency: int,
+        extra_env: dict[str, str] | None = None,
+        code: str | None = None,
+    ) -> list[Process]:
+        """Start ``count`` more loop-workers side by side; return once each is ready."""
+        procs = [self.start_worker(concurrency, extra_env, code) for _ in range(count)]
+        self.environment.wait_ready(*procs, within=READY_SECONDS)
+        return procs
+
+    async def until_ready(self, procs: list[Process]) -> None:
+        """Wait until every one of ``procs`` is ready (the harness's one rule)."""
+        await self.environment.until_ready(*procs, within=READY_SECONDS)
+
+    def kill_worker(self, proc: Process) -> None:
         """SIGKILL one loop-worker (a crash, as far as the engine can tell)."""
-        proc.kill()
-        proc.wait()
-        self.workers.remove(proc)
+        self.environment.kill(proc)
 
     def start_tool_runner(
         self, extra_env: dict[str, str] | None = None, code: str | None = None
-    ) -> subprocess.Popen[bytes]:
-        proc = self._spawn(
-            "holdfast_tool_runner",
-            self.env(**(extra_env or {})),
-            f"tool-runner{len(self.runners) + 1}.log",
-            code,
+    ) -> Process:
+        return self.environment.start(
+            "tool-runner", env=_env(code, extra_env), command=_command(code), within=READY_SECONDS
         )
-        self.runners.append(proc)
-        asyncio.run(self.wait_consumers([proc], what="tool-runner"))
-        return proc
 
     def stop_tool_runners(self) -> None:
-        for proc in self.runners:
-            _terminate(proc, grace=10)
-        self.runners = []
+        self.environment.kill_all(signal.SIGTERM, grace=10, kind="tool-runner")
 
     def start_helper(
         self, name: str, code: str, extra_env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen[bytes], str]:
         """Start a bench helper process (``code``) that prints one line, e.g. its URL,
         when it is ready; returns the process and that line."""
-        proc = self._spawn(
-            "", self.env(**(extra_env or {})), f"{name}.log", code, stdout=subprocess.PIPE
-        )
+        env = {**self.environment.env, **_env(code, extra_env)}
+        with (self.environment.log_dir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=REPO_ROOT,
+            )
         self.helpers[name] = proc
         assert proc.stdout is not None
         line = proc.stdout.readline().decode().strip()
@@ -277,93 +240,62 @@ class Engine:
             _terminate(proc, grace=5)
         self.helpers = {}
 
-    async def wait_consumers(
-        self, procs: list[subprocess.Popen[bytes]], what: str = "loop-workers"
-    ) -> None:
-        """Wait until every worker sits in a blocking XREADGROUP (found by matching
-        CLIENT LIST addresses to the worker's own sockets; a consumer shows in
-        XINFO CONSUMERS only once it was handed a job)."""
-        from holdfast_shared.redisconn import connect
-
-        client = connect(self.redis_url)
-        deadline = time.monotonic() + 60
-        try:
-            while True:
-                self.check_alive()
-                blocked = {
-                    c.get("addr", "").rsplit(":", 1)[-1]
-                    for c in await client.client_list()
-                    if c.get("cmd") == "xreadgroup"
-                }
-                ready = 0
-                for proc in procs:
-                    try:
-                        conns = psutil.Process(proc.pid).net_connections("tcp")
-                    except psutil.Error:
-                        conns = []
-                    ports = {str(c.laddr.port) for c in conns if c.raddr}
-                    if not conns and time.monotonic() > deadline - 50:
-                        ready += 1  # Redis over a unix socket: give it 10 s, then go on
-                    elif ports & blocked:
-                        ready += 1
-                if ready == len(procs):
-                    return
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{what} did not start in 60 s; {self.log_tail()}")
-                await asyncio.sleep(0.1)
-        finally:
-            await client.aclose()
-
     def stop_workers(self) -> None:
-        for proc in self.workers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.workers:
-            _wait_or_kill(proc, grace=5)
-        self.workers = []
+        """SIGTERM every loop-worker; SIGKILL one still holding the bench's
+        deliberately endless quiet turns after a grace."""
+        if self._environment is not None:
+            self._environment.kill_all(signal.SIGTERM, grace=5, kind="loop-worker")
 
     def check_alive(self) -> None:
-        for proc in [self.gateway, *self.workers, *self.runners, *self.helpers.values()]:
-            if proc is not None and proc.poll() is not None:
+        procs = [p.popen for p in self.environment.processes] + list(self.helpers.values())
+        for proc in procs:
+            if proc.poll() is not None:
                 raise RuntimeError(
                     f"engine process {proc.pid} exited with {proc.returncode}; {self.log_tail()}"
                 )
 
     def log_tail(self, lines: int = 15) -> str:
-        out = []
-        for path in sorted(self.log_dir.glob("*.log")):
-            text = path.read_text(errors="replace").splitlines()[-lines:]
-            if text:
-                out.append(f"--- {path.name}\n" + "\n".join(text))
-        return "\n".join(out) or "(no log output)"
+        if self._environment is None:
+            return "(no log output)"
+        return self._environment.log_tail(lines=lines) or "(no log output)"
 
     def stop(self) -> None:
-        """Gateway first (SIGTERM), then workers; a worker still holding the
-        bench's deliberately endless quiet turns gets SIGKILL after a grace."""
-        if self.gateway is not None:
-            _terminate(self.gateway, grace=10)
+        """Gateway first (SIGTERM), then workers, tool-runners and helpers."""
+        if self._environment is not None:
+            self._environment.kill_all(signal.SIGTERM, grace=10, kind="gateway")
         self.stop_workers()
-        self.stop_tool_runners()
+        if self._environment is not None:
+            self.stop_tool_runners()
         self.stop_helpers()
 
+    def close(self) -> int:
+        """Stop everything, delete the Redis keys and drop the database; how many
+        keys there were."""
+        if self._environment is None:
+            return 0
+        try:
+            self.stop()
+            return self._environment.delete_keys()
+        finally:
+            self._environment.close()
+            self._environment = None
+
     def pids(self) -> dict[str, int]:
-        out = {"gateway": self.gateway.pid} if self.gateway else {}
-        for i, proc in enumerate(self.workers):
-            out[f"worker{i + 1}" if len(self.workers) > 1 else "worker"] = proc.pid
-        for i, proc in enumerate(self.runners):
-            out[f"runner{i + 1}" if len(self.runners) > 1 else "runner"] = proc.pid
-        for name, proc in self.helpers.items():
-            out[name] = proc.pid
+        gateway = self.gateway
+        out = {"gateway": gateway.pid} if gateway else {}
+        workers, runners = self.workers, self.runners
+        for i, proc in enumerate(workers):
+            out[f"worker{i + 1}" if len(workers) > 1 else "worker"] = proc.pid
+        for i, proc in enumerate(runners):
+            out[f"runner{i + 1}" if len(runners) > 1 else "runner"] = proc.pid
+        for name, helper in self.helpers.items():
+            out[name] = helper.pid
         return out
 
 
 def _terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-    _wait_or_kill(proc, grace)
-
-
-def _wait_or_kill(proc: subprocess.Popen[bytes], grace: float) -> None:
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:

@@ -312,7 +312,7 @@ async def _round(x: _Setup) -> list[Kill]:
                 got = by_turn[t].first("turn_resumed", after=kill.kill_at)
                 assert got is not None
                 kill.gaps_s.append(got[0] - kill.kill_at)
-        await engine.wait_consumers(replacements)
+        await engine.until_ready(replacements)
     finally:
         for rec in recs:
             if rec.task_id and not rec.done:

@@ -1,132 +1,81 @@
-"""Engine services as real child processes, the way ``holdfast`` runs them."""
+"""The suite's engines: ``holdfast.testing``'s environment, under the names the tests use."""
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import httpx
+from holdfast.testing import EngineEnvironment, Process, free_port
+
+__all__ = ["EngineProcesses", "engine_from_env", "free_port", "running_engine"]
+
+# What an engine_env() dict holds that the environment takes as parameters.
+_PARAMETERS = {
+    "HOLDFAST_REDIS_URL": "redis_url",
+    "HOLDFAST_DATABASE_URL": "database_url",
+    "HOLDFAST_REDIS_PREFIX": "prefix",
+    "HOLDFAST_WORKSPACE_ROOT": "workspace_root",
+}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class EngineProcesses(EngineEnvironment):
+    """An :class:`EngineEnvironment` with the suite's shorthands.
 
-
-class EngineProcesses:
-    def __init__(self, env: dict[str, str], log_dir: Path | None = None) -> None:
-        self.env = env
-        self.gateways: list[tuple[subprocess.Popen[bytes], str]] = []
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.runners: list[subprocess.Popen[bytes]] = []
+    ``workers``, ``runners`` and ``gateways`` are fresh lists of the processes
+    started and not killed: to take one away, ``kill`` it.
+    """
 
     @property
-    def url(self) -> str:
-        return self.gateways[0][1]
+    def workers(self) -> list[Process]:
+        return self.of("loop-worker")
 
-    def _spawn(self, service: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "holdfast", service],
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+    @property
+    def runners(self) -> list[Process]:
+        return self.of("tool-runner")
+
+    @property
+    def gateways(self) -> list[Process]:
+        return self.of("gateway")
 
     def start_gateway(self) -> str:
-        port = free_port()
-        env = {**self.env, "HOLDFAST_PORT": str(port), "HOLDFAST_HOST": "127.0.0.1"}
-        proc = self._spawn("gateway", env)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("gateway did not become healthy in 30 s")
-            time.sleep(0.1)
-        self.gateways.append((proc, url))
+        """Start a gateway; its URL once it is healthy."""
+        url = self.start("gateway").url
+        assert url is not None
         return url
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        """Start a loop-worker and wait until it advertises its providers (it is ready)."""
-        import redis
+    def start_worker(self) -> Process:
+        return self.start("loop-worker")
 
-        client = redis.Redis.from_url(self.env["HOLDFAST_REDIS_URL"])
-        key = f"{self.env['HOLDFAST_REDIS_PREFIX']}providers"
-        client.delete(key)
-        proc = self._spawn("loop-worker", self.env)
-        deadline = time.monotonic() + 30
-        try:
-            while not client.zrangebyscore(key, int(time.time() * 1000), "+inf"):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"loop-worker exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    raise RuntimeError("loop-worker did not become ready in 30 s")
-                time.sleep(0.05)
-        finally:
-            client.close()
-        self.workers.append(proc)
-        return proc
-
-    def start_tool_runner(self) -> subprocess.Popen[bytes]:
-        proc = self._spawn("tool-runner", self.env)
-        self.runners.append(proc)
-        return proc
-
-    def kill_all(self) -> None:
-        """SIGKILL every process at once (a machine losing power, as far as they know)."""
-        for proc in [p for p, _ in self.gateways] + self.workers + self.runners:
-            if proc.poll() is None:
-                proc.kill()
-        for proc in [p for p, _ in self.gateways] + self.workers + self.runners:
-            proc.wait()
-        self.gateways, self.workers, self.runners = [], [], []
+    def start_tool_runner(self) -> Process:
+        return self.start("tool-runner")
 
     def stop(self) -> None:
-        procs = [p for p, _ in self.gateways] + self.workers + self.runners
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        self.close()
 
 
-def unmount_workspaces(root: Path | str | None) -> None:
-    """Each workspace is a filesystem of its own (the tool-runner's
-    workspaces.py); they stay mounted when the runners stop, as they should
-    for a later runner. A test's directory goes away, so its mounts go first."""
-    if not root:
-        return
-    prefix = f"{root}/"
-    points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
-        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+def engine_from_env(env: Mapping[str, str], directory: Path | None = None) -> EngineProcesses:
+    """An environment on the servers, database and prefix an ``engine_env()`` dict names,
+    with the rest of it (settings, provider keys) as every process's environment."""
+    parameters = {name: env[var] for var, name in _PARAMETERS.items() if env.get(var)}
+    rest = {k: v for k, v in env.items() if k not in _PARAMETERS}
+    return EngineProcesses(directory=directory, env=rest, **parameters)
 
 
 @contextlib.contextmanager
 def running_engine(
-    env: dict[str, str], *, workers: int = 1, runners: int = 0, gateways: int = 1
+    env: Mapping[str, str],
+    *,
+    workers: int = 1,
+    runners: int = 0,
+    gateways: int = 1,
+    directory: Path | None = None,
 ) -> Iterator[EngineProcesses]:
-    """An engine of real processes for a fixture; stopped (SIGTERM) at the end."""
-    procs = EngineProcesses(env)
-    try:
+    """An engine of real processes for a fixture, each one ready; closed at the end.
+
+    ``directory`` keeps the processes' logs (``<directory>/logs``) for a post-mortem.
+    """
+    with engine_from_env(env, directory) as procs:
         for _ in range(runners):
             procs.start_tool_runner()
         for _ in range(workers):
@@ -134,6 +83,3 @@ def running_engine(
         for _ in range(gateways):
             procs.start_gateway()
         yield procs
-    finally:
-        procs.stop()
-        unmount_workspaces(env.get("HOLDFAST_WORKSPACE_ROOT"))

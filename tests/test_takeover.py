@@ -9,6 +9,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,15 +31,14 @@ LEASE_LEFT = 2.5
 
 @pytest.fixture
 def engine_without_workers(
-    redis_url: str, database_url: str, redis_prefix: str
+    redis_url: str, database_url: str, redis_prefix: str, tmp_path: Path
 ) -> Iterator[tuple[EngineProcesses, Keys]]:
     prefix = f"{redis_prefix}takeover-{secrets.token_hex(3)}:"
-    with running_engine(engine_env(redis_url, database_url, prefix), workers=1) as procs:
+    env = engine_env(redis_url, database_url, prefix)
+    with running_engine(env, workers=1, directory=tmp_path) as procs:
         # The worker made the consumer group and advertised the scripted model; it
         # dies now, so the next turn's job waits in the stream.
-        worker = procs.workers.pop()
-        worker.kill()
-        worker.wait()
+        procs.kill(procs.workers[0])
         yield procs, Keys(prefix)
 
 

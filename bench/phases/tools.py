@@ -88,13 +88,7 @@ def _tool_round_trip(ctx: Context, sb: tools.SandboxOverhead | None) -> list[Row
     rt = None
     with ctx.errors_to(rows, label):
         spans, _server = ctx.instrumented(1)
-        engine.start_tool_runner(
-            {
-                "HOLDFAST_WORKSPACE_ROOT": str(engine.log_dir / "workspaces"),
-                SPANS_ENV: str(spans.directory),
-            },
-            RUNNER_CODE,
-        )
+        engine.start_tool_runner({SPANS_ENV: str(spans.directory)}, RUNNER_CODE)
         ctx.pause("tools")
         ctx.say(f"{label}: {s.tool_turns} sequential turns")
         with ctx.measured() as (cpu, pg):

