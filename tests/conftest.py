@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from holdfast_shared.db import create_engine, session_factory, upgrade_head
+from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.keys import Keys
 from holdfast_shared.redisconn import connect
-from holdfast_shared.tenancy import add_key
 from redis.asyncio import Redis
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from tests.processes import EngineProcesses, unmount_workspaces
+from holdfast.testing import add_api_key, create_database, delete_keys, drop_database
+from tests.processes import EngineProcesses, engine_from_env
 from tests.servers import postgres_server, redis_server
 
 RUN_ID = secrets.token_hex(4)
@@ -41,38 +38,25 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     """A key prefix of this run; every key under it is deleted at the end."""
     prefix = f"hftest:{RUN_ID}:"
     yield prefix
-
-    async def cleanup() -> None:
-        client = connect(redis_url)
-        async for key in client.scan_iter(match=f"{prefix}*", count=1000):
-            await client.delete(key)
-        await client.aclose()
-
-    asyncio.run(cleanup())
-
-
-def _database(admin_url: str, name: str) -> str:
-    return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-
-
-def _psycopg_url(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    delete_keys(redis_url, prefix)
 
 
 @pytest.fixture(scope="session")
-def database_url(server_dir: Path) -> Iterator[str]:
-    """A fresh, migrated database of this run, dropped at the end."""
+def postgres_url(server_dir: Path) -> Iterator[str]:
+    """A URL of the PostgreSQL server: of a database to create others from."""
     with postgres_server(server_dir) as admin_url:
-        name = f"hftest_{RUN_ID}"
-        with psycopg.connect(_psycopg_url(admin_url), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        url = _database(admin_url, name)
-        upgrade_head(url)
-        try:
-            yield url
-        finally:
-            with psycopg.connect(_psycopg_url(admin_url), autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        yield admin_url
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_url: str) -> Iterator[str]:
+    """A fresh, migrated database of this run, dropped at the end."""
+    name = f"hftest_{RUN_ID}"
+    url = create_database(postgres_url, name)
+    try:
+        yield url
+    finally:
+        drop_database(postgres_url, name)
 
 
 API_KEY = f"hf_test_{secrets.token_hex(16)}"
@@ -82,16 +66,8 @@ OTHER_KEY = f"hf_other_{secrets.token_hex(16)}"
 @pytest.fixture(scope="session")
 def api_keys(database_url: str) -> dict[str, str]:
     """Keys of two tenants: ``main`` and ``other``."""
-
-    async def create() -> None:
-        engine = create_engine(database_url)
-        sessions = session_factory(engine)
-        async with sessions.begin() as session:
-            await add_key(session, "tenant-main", API_KEY)
-            await add_key(session, "tenant-other", OTHER_KEY)
-        await engine.dispose()
-
-    asyncio.run(create())
+    add_api_key(database_url, "tenant-main", API_KEY)
+    add_api_key(database_url, "tenant-other", OTHER_KEY)
     return {"main": API_KEY, "other": OTHER_KEY}
 
 
@@ -111,10 +87,9 @@ def engine_env(redis_url: str, database_url: str, prefix: str, **extra: str) -> 
 
 
 @pytest.fixture(scope="session")
-def workspace_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("workspaces")
-    yield root
-    unmount_workspaces(root)
+def workspace_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session engine's workspaces (it unmounts them when it stops)."""
+    return tmp_path_factory.mktemp("workspaces")
 
 
 @pytest.fixture(scope="session")
@@ -124,20 +99,17 @@ def engine(
     redis_prefix: str,
     api_keys: dict[str, str],
     workspace_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
     """A gateway, a loop-worker and a tool-runner as real processes, shared by the session."""
-    procs = EngineProcesses(
-        engine_env(
-            redis_url, database_url, redis_prefix, HOLDFAST_WORKSPACE_ROOT=str(workspace_root)
-        )
+    env = engine_env(
+        redis_url, database_url, redis_prefix, HOLDFAST_WORKSPACE_ROOT=str(workspace_root)
     )
-    procs.start_tool_runner()
-    procs.start_worker()
-    procs.start_gateway()
-    try:
+    with engine_from_env(env, tmp_path_factory.mktemp("engine")) as procs:
+        procs.start_tool_runner()
+        procs.start_worker()
+        procs.start_gateway()
         yield procs
-    finally:
-        procs.stop()
 
 
 @pytest.fixture

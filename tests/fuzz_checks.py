@@ -20,9 +20,11 @@ class RefusedValidData(Failure):
 def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | None:
     """Data the description allows is not refused as malformed (400, 415 or 422).
 
-    Replaces Schemathesis' ``positive_data_acceptance``, with one exception:
+    Replaces Schemathesis' ``positive_data_acceptance``, with two exceptions:
     ``MODEL_UNAVAILABLE``, a well-formed model whose provider no running
-    loop-worker serves (the test engine runs only the scripted one). A body
+    loop-worker serves (the test engine runs only the scripted one), and
+    ``UNSUPPORTED_MEDIA``, a well-formed media item of a type the turn's
+    model cannot take (never with the scripted model, which takes any). A body
     over ``HOLDFAST_MAX_BODY_BYTES`` is a 413, documented, and not refused
     as malformed either.
     """
@@ -34,7 +36,7 @@ def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | No
         code = json.loads(response.content).get("error")
     except (ValueError, AttributeError):
         code = None
-    if code == "MODEL_UNAVAILABLE":
+    if code in ("MODEL_UNAVAILABLE", "UNSUPPORTED_MEDIA"):
         return None
     raise RefusedValidData(
         operation=case.operation.label,

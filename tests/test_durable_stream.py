@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import signal
 from collections.abc import Iterator
 
 import httpx
@@ -27,13 +28,17 @@ def script(**kw: object) -> str:
 
 @pytest.fixture(scope="module")
 def short_ttl_engine(
-    redis_url: str, database_url: str, redis_prefix: str, api_keys: dict[str, str]
+    redis_url: str,
+    database_url: str,
+    redis_prefix: str,
+    api_keys: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
     """An engine whose Redis copy of a log expires 1 s after it is archived."""
     env = engine_env(
         redis_url, database_url, f"{redis_prefix}ttl:", HOLDFAST_CHANNEL_STATE_TTL_ACTIVE="1"
     )
-    with running_engine(env) as procs:
+    with running_engine(env, directory=tmp_path_factory.mktemp("short-ttl")) as procs:
         yield procs
 
 
@@ -85,8 +90,8 @@ async def test_resume_after_the_hot_copy_was_trimmed(
 async def test_two_gateways_serve_one_task(
     engine: EngineProcesses, api_keys: dict[str, str]
 ) -> None:
-    other = EngineProcesses(engine.env)
-    second_url = other.start_gateway()
+    other = engine.start("gateway")
+    second_url = other.url
     key = api_keys["main"]
     task_id = f"two-gw-{secrets.token_hex(4)}"
     try:
@@ -103,6 +108,6 @@ async def test_two_gateways_serve_one_task(
             mirrored = await replay(client, second_url, key, {"task_id": task_id})
             original = await live
     finally:
-        other.stop()
+        engine.kill(other, signal.SIGTERM)
     assert original.events[-1]["phase"] == "completed"
     assert mirrored.events == original.events

@@ -202,6 +202,7 @@ async def test_stream_failure_after_output_leaves_a_consistent_view(
         "text_delta",
         "text_delta",
         "content_block_stop",
+        "usage",
         "error",
         "thread_lifecycle",
     ]

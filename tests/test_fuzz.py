@@ -20,6 +20,7 @@ process: its pytest plugin does not support this pytest's version.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -42,12 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def fuzzed_gateway(engine: EngineProcesses) -> Iterator[str]:
     """A gateway of its own on the session's engine: the fuzzer's many bad keys
     must not rate-limit 127.0.0.1 on the gateway the other tests use."""
-    procs = EngineProcesses({**engine.env, "HOLDFAST_AUTH_FAILURES_ALLOWED": "1000000"})
-    url = procs.start_gateway()
+    gateway = engine.start("gateway", env={"HOLDFAST_AUTH_FAILURES_ALLOWED": "1000000"})
+    assert gateway.url is not None
     try:
-        yield url
+        yield gateway.url
     finally:
-        procs.stop()
+        engine.kill(gateway, signal.SIGTERM)
 
 
 def _config(key: str) -> str:
@@ -92,7 +93,12 @@ def test_the_api_keeps_to_its_description(
             # It takes any 404 after a POST for the created resource when the
             # operation has no parameters, even for a task_id the body made up:
             # /execute/cancel names its task in the body.
-            "ensure_resource_availability",
+            "ensure_resource_availability,"
+            # A stateful run may POST /execute with the deleted task's name between
+            # the DELETE and the read: that creates a new task of the name (empty,
+            # sharing nothing with the deleted one; tests/test_tools_engine.py
+            # checks exactly that), which this check takes for the deleted one.
+            "use_after_free",
             "--report",
             "junit",
             "--report-dir",

@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import secrets
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ async def test_nul_in_hitl_feedback_is_422_and_the_question_stays_open(
     ask = "/script " + json.dumps({"tool_calls": [{"name": "bash", "input": {"command": "true"}}]})
     headers = {"X-Engine-Key": key}
     async with httpx.AsyncClient(base_url=engine.url, timeout=60) as client:
-        first = await execute(client, engine.url, key, {"message": ask, "task_id": name}, limit=5)
+        first = await execute(client, engine.url, key, {"message": ask, "task_id": name}, limit=6)
         assert first.types[-1] == "hitl_request"
         bad = [
             await client.post(
@@ -521,19 +522,19 @@ def test_the_key_caches_are_bounded_lrus() -> None:
 @pytest.fixture(scope="module")
 def strict_gateway(engine: EngineProcesses) -> Iterator[str]:
     """A gateway with a low failure limit and /docs turned off."""
-    procs = EngineProcesses(
-        {
-            **engine.env,
+    gateway = engine.start(
+        "gateway",
+        env={
             "HOLDFAST_AUTH_FAILURES_ALLOWED": "5",
             "HOLDFAST_DOCS_ENABLED": "false",
             "HOLDFAST_MAX_BODY_BYTES": "65536",
-        }
+        },
     )
-    url = procs.start_gateway()
+    assert gateway.url is not None
     try:
-        yield url
+        yield gateway.url
     finally:
-        procs.stop()
+        engine.kill(gateway, signal.SIGTERM)
 
 
 async def test_a_flood_of_bad_keys_is_429_with_retry_after(
@@ -589,6 +590,7 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
         ("get", "/hitl/pending"): common | {"200"},
         ("post", "/hitl/respond"): common | {"200", "404", "409", "410", "413", "415"},
         ("delete", "/tasks/{task_id}"): common | {"200", "404", "409"},
+        ("get", "/tasks/{task_id}/working-memory"): common | {"200", "404"},
         ("get", "/health"): {"200", "500", "503"},
     }
     found = {

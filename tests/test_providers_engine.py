@@ -36,6 +36,7 @@ def provider_engine(
     redis_prefix: str,
     api_keys: dict[str, str],
     servers: dict[str, WireServer],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
     env = engine_env(
         redis_url,
@@ -49,7 +50,7 @@ def provider_engine(
         HOLDFAST_GEMINI_BASE_URL=servers["gemini"].url,
         HOLDFAST_AGENT_MODELS=f'{{"researcher": "gemini:{fake_gemini.MODEL}"}}',
     )
-    with running_engine(env) as procs:
+    with running_engine(env, directory=tmp_path_factory.mktemp("providers")) as procs:
         yield procs
 
 
@@ -151,8 +152,9 @@ async def test_provider_failure_ends_the_turn_with_a_stable_code(
             api_keys["main"],
             {"message": "shorter", "model": f"openai:{fake_openai.MODEL}", "task_id": task_id},
         )
-    assert got.types == ["thread_lifecycle", "error", "thread_lifecycle"]
-    assert got.events[1]["error"] == "CONTEXT_OVERFLOW"
+    # Nothing to compact in a first message: the provider's error ends the turn.
+    assert got.types == ["thread_lifecycle", "usage", "error", "thread_lifecycle"]
+    assert got.events[2]["error"] == "CONTEXT_OVERFLOW"
     assert got.events[-1]["phase"] == "errored"
     assert again.text == "fine" and again.events[-1]["phase"] == "completed", again.events
 

@@ -7,7 +7,6 @@ import asyncio
 import json
 import secrets
 import signal
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from holdfast_shared.db.models import Turn
 from sqlalchemy import select
 
+from holdfast.testing import Process
 from tests.conftest import engine_env
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import Received, execute, replay, stream
@@ -46,7 +46,9 @@ def cluster(
         HOLDFAST_WORKSPACE_ROOT=str(workspaces),
         HOLDFAST_TOOL_PERMISSIONS=json.dumps({"*": {"bash": "allow"}, ASKER: {"bash": "ask"}}),
     )
-    with running_engine(env, workers=2, runners=1) as procs:
+    with running_engine(
+        env, workers=2, runners=1, directory=tmp_path_factory.mktemp("recovery")
+    ) as procs:
         procs.workspaces = workspaces  # type: ignore[attr-defined]
         yield procs
 
@@ -83,7 +85,7 @@ async def owner_of(sessions: Any, turn_id: str) -> str | None:
     return None
 
 
-def process_of(cluster: EngineProcesses, owner: str) -> subprocess.Popen[bytes]:
+def process_of(cluster: EngineProcesses, owner: str) -> Process:
     pid = int(owner.rsplit("-", 1)[1])
     return next(p for p in cluster.workers if p.pid == pid)
 
@@ -98,9 +100,7 @@ async def test_worker_killed_mid_stream_the_turn_goes_on(
         await asyncio.sleep(0.8)  # some deltas are out
         turn_id = await _running_turn(sessions)
         victim = process_of(cluster, await owner_of(sessions, turn_id) or "")
-        victim.kill()
-        victim.wait()
-        cluster.workers.remove(victim)
+        cluster.kill(victim)
         cluster.start_worker()
         got = await live
     assert_whole(got.events)
@@ -138,9 +138,7 @@ async def test_worker_killed_during_a_tool_call_does_not_repeat_it(
         owner = await owner_of(sessions, turn_id)
         await asyncio.sleep(0.8)  # the tool is running now
         victim = process_of(cluster, owner or "")
-        victim.kill()
-        victim.wait()
-        cluster.workers.remove(victim)
+        cluster.kill(victim)
         cluster.start_worker()
         got = await live
     assert_whole(got.events)
@@ -169,9 +167,7 @@ async def test_tool_runner_killed_mid_call_is_reported_not_rerun(
             if log.exists():
                 break
             await asyncio.sleep(0.05)
-        runner = cluster.runners.pop()
-        runner.kill()
-        runner.wait()
+        cluster.kill(cluster.runners[0])
         cluster.start_tool_runner()
         got = await live
     assert_whole(got.events)
@@ -193,7 +189,7 @@ async def test_parked_question_survives_a_full_restart(
             "POST",
             f"{cluster.url}/execute",
             key=key,
-            limit=5,
+            limit=6,
             json={"message": message, "task_id": task_id, "agent": ASKER},
         )
         request = first.events[-1]
@@ -228,7 +224,9 @@ async def test_parked_question_survives_a_full_restart(
             headers={"X-Engine-Key": key},
         )
         assert answer.status_code == 200
-        rest = await replay(client, cluster.url, key, {"task_id": task_id, "after_seq": 5})
+        rest = await replay(
+            client, cluster.url, key, {"task_id": task_id, "after_seq": len(first.events)}
+        )
     events = first.events + rest.events
     assert_whole(events)
     types = [e["type"] for e in rest.events]
@@ -288,9 +286,8 @@ async def test_sigterm_drains_then_hands_the_turn_back(
         turn_id = await _running_turn(sessions)
         await asyncio.sleep(0.5)
         victim = process_of(cluster, await owner_of(sessions, turn_id) or "")
-        victim.send_signal(signal.SIGTERM)  # drain 1 s < the turn's 3 s: handed back
-        assert victim.wait(20) == 0
-        cluster.workers.remove(victim)
+        # drain 1 s < the turn's 3 s: handed back, and a clean exit
+        assert cluster.kill(victim, signal.SIGTERM, grace=20) == 0
         cluster.start_worker()
         got = await live
     assert_whole(got.events)
@@ -302,12 +299,16 @@ async def test_sigterm_drains_then_hands_the_turn_back(
 
 @pytest.fixture(scope="module")
 def deadline_engine(
-    redis_url: str, database_url: str, redis_prefix: str, api_keys: dict[str, str]
+    redis_url: str,
+    database_url: str,
+    redis_prefix: str,
+    api_keys: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
     env = engine_env(
         redis_url, database_url, f"{redis_prefix}deadline:", HOLDFAST_TURN_DEADLINE_SECONDS="1"
     )
-    with running_engine(env) as procs:
+    with running_engine(env, directory=tmp_path_factory.mktemp("deadline")) as procs:
         yield procs
 
 
@@ -329,5 +330,6 @@ async def test_deadline_ends_a_hung_turn(
     assert_whole(got.events)
     assert got.events[-2]["type"] == "error" and got.events[-2]["error"] == "DEADLINE_EXCEEDED"
     assert got.events[-1]["phase"] == "errored"
-    assert got.types[-3] == "content_block_stop", "the open block was closed"
+    assert got.types[-3] == "usage", "an errored turn reports its usage too"
+    assert got.types[-4] == "content_block_stop", "the open block was closed"
     assert after.events[-1]["phase"] == "completed"

@@ -185,7 +185,7 @@ async def test_a_waiting_task_refuses_new_messages_and_bad_answers(
             f"{engine.url}/execute",
             key=key,
             json={"message": message, "task_id": task_id},
-            limit=5,
+            limit=6,
         )
         assert first.types[-1] == "hitl_request"
         busy = await client.post(

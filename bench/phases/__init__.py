@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from bench.context import Context
-from bench.phases import e2e, idle, latency, providers, raw, recovery, tools
+from bench.phases import context, e2e, idle, latency, providers, raw, recovery, tools
 from bench.table import Row
 
 
@@ -33,12 +33,13 @@ PHASES: dict[str, Phase] = {
     "providers": providers,
     "tools": tools,
     "recovery": recovery,
+    "context": context,
 }
 # The order they run in: the raw baseline before any engine process starts;
 # idle last whatever is asked, since it leaves 1,000 endless turns on its worker.
-RUN_ORDER = ("raw", "latency", "e2e", "providers", "tools", "recovery", "idle")
-# Every phase but raw needs the gateway.
-ENGINE_PHASES = frozenset(PHASES) - {"raw"}
+RUN_ORDER = ("raw", "context", "latency", "e2e", "providers", "tools", "recovery", "idle")
+# Every phase but raw and context (in process) needs the gateway.
+ENGINE_PHASES = frozenset(PHASES) - {"raw", "context"}
 
 
 def summary(name: str) -> str:

@@ -8,7 +8,7 @@ A message's ``content`` is ``{"blocks": [...]}`` with provider-neutral blocks:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -26,6 +26,10 @@ class ChatMessage:
     # The provider that produced an assistant message: signatures and
     # thinking are only meaningful to (and accepted by) that provider.
     provider: str | None = None
+    # The ``messages`` row it was loaded from (0: not stored, e.g. in tests).
+    id: int = 0
+    # Its place in its turn: 0 is the user's message, the model's steps follow.
+    position: int = 0
 
     @property
     def text(self) -> str:
@@ -47,7 +51,9 @@ async def load_history(
     ``cutoff=(turn_id, position)`` leaves out that turn's messages from
     ``position`` on: what a step cut off by a crash had stored already.
     """
-    query = select(Message.role, Message.content, Message.turn_id).where(Message.task_id == task_id)
+    query = select(
+        Message.id, Message.role, Message.content, Message.turn_id, Message.position
+    ).where(Message.task_id == task_id)
     if cutoff is not None:
         query = query.where(or_(Message.turn_id != cutoff[0], Message.position < cutoff[1]))
     rows = (await session.execute(query.order_by(Message.id))).all()
@@ -58,8 +64,10 @@ async def load_history(
             turn_id=turn_id,
             media=tuple(content.get("media", ())),
             provider=content.get("provider"),
+            id=message_id,
+            position=position,
         )
-        for role, content, turn_id in rows
+        for message_id, role, content, turn_id, position in rows
     ]
 
 
@@ -79,5 +87,5 @@ def for_provider(messages: list[ChatMessage], provider: str) -> list[ChatMessage
             for block in message.blocks
             if block.get("type") != "thinking"
         )
-        out.append(ChatMessage(message.role, blocks, message.turn_id, message.media, provider))
+        out.append(replace(message, blocks=blocks, provider=provider))
     return out

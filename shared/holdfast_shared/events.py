@@ -15,7 +15,7 @@ engine (prompt assembly and compaction).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -27,6 +27,9 @@ TERMINAL_PHASES = frozenset({"completed", "errored"})
 
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
+
+    # Fields sent as null when None; every other None field is left out.
+    KEEP_NULL: ClassVar[frozenset[str]] = frozenset()
 
     # Each event type narrows this to its Literal (the union's discriminator).
     type: str
@@ -103,15 +106,30 @@ class HitlResolved(_Event):
 
 
 class WorkingMemoryUpdate(_Event):
+    """The agent changed its working memory: ``value`` is null for a deleted key."""
+
+    KEEP_NULL: ClassVar[frozenset[str]] = frozenset({"value"})
+
     type: Literal["working_memory_update"] = "working_memory_update"
     key: str
     value: Any = None
 
 
 class CompactionEvent(_Event):
+    """The oldest turns were collapsed into a summary before a model call.
+
+    ``summarized_messages`` stored messages (and the summary before, if any)
+    became one summary of ``summary_tokens``; the context went from
+    ``tokens_before`` to ``tokens_after`` (estimated, in the provider's units).
+    The messages stay in the log and the database; only the model's view is
+    shorter.
+    """
+
     type: Literal["compaction_event"] = "compaction_event"
     summarized_messages: int
     summary_tokens: int | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
 
 
 class TurnResumed(_Event):
@@ -176,9 +194,15 @@ def body_json(event: _Event) -> str:
     """The event's own fields (``type`` first) as JSON, without the envelope.
 
     Optional fields left unset are omitted, so ``error`` appears on a
-    ``tool_result`` only when the call failed.
+    ``tool_result`` only when the call failed — but for the type's
+    ``KEEP_NULL`` fields, whose null says something (a deleted key).
     """
-    return event.model_dump_json(exclude=set(ENVELOPE_FIELDS), exclude_none=True)
+    body = event.model_dump_json(exclude=set(ENVELOPE_FIELDS), exclude_none=True)
+    missing = [name for name in sorted(event.KEEP_NULL) if getattr(event, name) is None]
+    if not missing:
+        return body
+    nulls = ",".join(f'"{name}":null' for name in missing)
+    return f"{body[:-1]},{nulls}}}"
 
 
 def envelope_json(task_id: str, turn_id: str | None, seq: int, timestamp: int, body: str) -> str:

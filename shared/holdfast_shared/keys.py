@@ -47,6 +47,11 @@ class Keys:
         return f"{self.prefix}providers"
 
     @property
+    def default_models(self) -> str:
+        """Sorted set: each live loop-worker's default ``provider:model``, scored by expiry (ms)."""
+        return f"{self.prefix}default-models"
+
+    @property
     def runners(self) -> str:
         """Sorted set: live tool-runner ids, scored by when their liveness lapses (ms)."""
         return f"{self.prefix}runners"
@@ -54,6 +59,12 @@ class Keys:
     def worker_inbox(self, worker_id: str) -> str:
         """A loop-worker's inbox: tool results and HITL answers for its turns."""
         return f"{self.prefix}worker:{worker_id}:inbox"
+
+    def worker_alive(self, worker_id: str) -> str:
+        """Present while the loop-worker ``worker_id`` lives (refreshed, short TTL); the
+        providers it serves, as JSON. Written only once they are advertised in
+        :attr:`providers`, so a worker seen alive is one the gateway routes turns to."""
+        return f"{self.prefix}worker:{worker_id}:alive"
 
     def runner_alive(self, runner_id: str) -> str:
         """Present while the tool-runner ``runner_id`` lives (refreshed, short TTL); its
@@ -94,6 +105,12 @@ class Keys:
         """Id of the task's running turn; its presence is the one-turn-per-task lock."""
         return f"{self.prefix}task:{{{task_id}}}:turn"
 
+    def working_memory(self, task_id: str) -> str:
+        """Hash: the task's working memory (the agent's scratchpad), key → value;
+        expires ``HOLDFAST_WORKING_MEMORY_TTL`` after its last change (PostgreSQL
+        keeps the copy each turn ended with)."""
+        return f"{self.prefix}task:{{{task_id}}}:wm"
+
     def task_keys(self, task_id: str) -> tuple[str, ...]:
         """Every per-task key, for deleting a task."""
         return (
@@ -103,4 +120,5 @@ class Keys:
             self.archiving(task_id),
             self.turn_epoch(task_id),
             self.running_turn(task_id),
+            self.working_memory(task_id),
         )

@@ -78,6 +78,21 @@ class Settings(BaseSettings):
     workspace_max_bytes: int = Field(default=1024**3, ge=4 * 1024**2)
     workspace_fs: Literal["auto", "loop-ext4", "tmpfs", "none"] = "auto"
 
+    # The context engine (loop-worker context/). The model's context window in
+    # tokens; unset: the known window of the turn's model (context/windows.py).
+    context_window: int | None = Field(default=None, ge=1024)
+    # Before a model call whose context would pass this fraction of the window,
+    # the oldest turns are collapsed into a summary.
+    compaction_threshold: float = Field(default=0.75, gt=0, lt=1)
+    # The model that writes summaries (provider:model); unset: the turn's model.
+    compaction_model: str | None = None
+    # A tool result longer than this enters the model's context as its head and
+    # tail with a note of what was cut (the event log keeps it whole).
+    tool_result_context_chars: int = Field(default=20_000, ge=1000)
+    # How long a task's working memory stays in Redis after its last change; it
+    # is also kept with the task in PostgreSQL when each turn ends.
+    working_memory_ttl: int = Field(default=7 * 86400, ge=60)
+
     # How many turns one loop-worker process runs at once.
     worker_concurrency: int = 64
     # The archiver copies events from Redis to PostgreSQL at this pace.

@@ -79,11 +79,37 @@ ASK_USER = ToolSpec(
     _schema({"question": {"type": "string", "description": "The question to ask."}}, ["question"]),
 )
 
-BUILTIN_TOOLS: tuple[ToolSpec, ...] = (BASH, READ_FILE, WRITE_FILE, EDIT_FILE, LIST_DIR, ASK_USER)
+# Not run by a tool-runner either: the loop keeps the task's scratchpad itself
+# (loop-worker context/working_memory.py), shown to the model every call.
+WORKING_MEMORY = ToolSpec(
+    "working_memory",
+    "Keep a note for the rest of this task in your working memory, shown to you on every "
+    "step (and in later turns of the task): set a key to a value, or delete a key. Use it "
+    "for plans, decisions, facts you will need again and open to-dos.",
+    _schema(
+        {
+            "action": {"type": "string", "enum": ["set", "delete"]},
+            "key": {"type": "string", "description": "A short name for the note."},
+            "value": {"type": "string", "description": "The note (for set)."},
+        },
+        ["action", "key"],
+    ),
+)
+
+BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
+    BASH,
+    READ_FILE,
+    WRITE_FILE,
+    EDIT_FILE,
+    LIST_DIR,
+    ASK_USER,
+    WORKING_MEMORY,
+)
 BUILTIN_BY_NAME = {tool.name: tool for tool in BUILTIN_TOOLS}
 
 DEFAULT_PERMISSIONS: dict[str, Permission] = {
     "ask_user": "allow",
+    "working_memory": "allow",
     "read_file": "allow",
     "list_dir": "allow",
     "bash": "ask",

@@ -28,7 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 @pytest.fixture
 async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ChaosCluster]:
-    env = chaos_env(database_url, tmp_path / "workspaces")
+    # The tool's long output goes back to the model whole: the echo is compared below.
+    env = chaos_env(
+        database_url, tmp_path / "workspaces", HOLDFAST_TOOL_RESULT_CONTEXT_CHARS="1000000"
+    )
     async with running_cluster(tmp_path, env, gateways=1, workers=2, runners=1) as c:
         yield c
 

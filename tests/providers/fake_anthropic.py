@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tests.providers.wire import SSE, Reply
+from tests.providers.wire import SSE, Recorded, Reply
 
 MODEL = "claude-sonnet-4-6"
 SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
@@ -252,3 +252,88 @@ def dropped_midstream(chunks: list[str]) -> Reply:
     events = text_reply(chunks).events or []
     # message_start, text start, ping, the deltas: then the reset.
     return Reply(events=events, break_after=3 + len(chunks))
+
+
+# --- request checks: what the real API refuses with a 400 -------------------
+
+MAX_CACHE_BREAKPOINTS = 4
+
+
+def refuse(request: Recorded) -> Reply | None:
+    """The 400 the Messages API answers to this request, or None.
+
+    Checked as the API does: every ``tool_use`` of an assistant message has
+    its ``tool_result`` in the next message (a user message, results first),
+    every ``tool_result`` answers a ``tool_use`` of the message before it, and
+    no more than four blocks carry ``cache_control``.
+    """
+    if request.path != "/v1/messages" or not isinstance(request.json, dict):
+        return None
+    body = request.json
+    messages = body.get("messages") or []
+    for n, message in enumerate(messages):
+        blocks = _content(message)
+        calls = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+        if message.get("role") == "assistant" and calls:
+            following = _content(messages[n + 1]) if n + 1 < len(messages) else []
+            is_user = n + 1 < len(messages) and messages[n + 1].get("role") == "user"
+            answered = {b.get("tool_use_id") for b in following if b.get("type") == "tool_result"}
+            missing = [c for c in calls if not is_user or c not in answered]
+            if missing:
+                return _invalid(
+                    f"messages.{n}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(missing)}. Each `tool_use` block must have "
+                    "a corresponding `tool_result` block in the next message."
+                )
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        if results:
+            before = _content(messages[n - 1]) if n > 0 else []
+            made = {b.get("id") for b in before if b.get("type") == "tool_use"}
+            for i, block in enumerate(blocks):
+                if block.get("type") != "tool_result":
+                    continue
+                if message.get("role") != "user" or block.get("tool_use_id") not in made:
+                    return _invalid(
+                        f"messages.{n}.content.{i}: unexpected `tool_use_id` found in "
+                        f"`tool_result` blocks: {block.get('tool_use_id')}. Each `tool_result` "
+                        "block must have a corresponding `tool_use` block in the previous message."
+                    )
+            leading = len(results)
+            if any(b.get("type") != "tool_result" for b in blocks[:leading]):
+                return _invalid(
+                    f"messages.{n}: `tool_result` blocks must come before any other content "
+                    "in a user message that answers `tool_use` blocks."
+                )
+    found = len(cache_breakpoints(body))
+    if found > MAX_CACHE_BREAKPOINTS:
+        return _invalid(
+            f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
+            f"Found {found}."
+        )
+    return None
+
+
+def cache_breakpoints(body: dict[str, Any]) -> list[str]:
+    """Where ``cache_control`` sits: ``tools.N``, ``system.N``, ``messages.N.content.M``."""
+    found = [f"tools.{i}" for i, t in enumerate(body.get("tools") or []) if "cache_control" in t]
+    system = body.get("system")
+    if isinstance(system, list):
+        found += [f"system.{i}" for i, b in enumerate(system) if "cache_control" in b]
+    for n, message in enumerate(body.get("messages") or []):
+        found += [
+            f"messages.{n}.content.{i}"
+            for i, block in enumerate(_content(message))
+            if "cache_control" in block
+        ]
+    return found
+
+
+def _content(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content or [])
+
+
+def _invalid(message: str) -> Reply:
+    return Reply(status=400, body=error_body("invalid_request_error", message))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tests.providers.wire import SSE, Reply
+from tests.providers.wire import SSE, Recorded, Reply
 
 MODEL = "gemini-2.5-flash"
 RESPONSE_ID = "qSwBaf2vLo3Uz7IPmqjB8Qk"
@@ -250,3 +250,52 @@ def dropped_mid_stream(deltas: list[str]) -> Reply:
 def cut_short(deltas: list[str]) -> Reply:
     """A clean end of stream that never sent a ``finishReason``."""
     return Reply(events=[chunk([{"text": d}], usage(12)) for d in deltas])
+
+
+# --- request checks: what the real API refuses with a 400 -------------------
+
+
+def refuse(request: Recorded) -> Reply | None:
+    """The 400 ``generateContent`` answers to this request, or None.
+
+    As Gemini checks it: a function call turn comes right after a user turn
+    or a function response turn, is followed by a turn of as many function
+    responses, and a function response turn comes right after a function
+    call turn.
+    """
+    if ":streamGenerateContent" not in request.path and ":generateContent" not in request.path:
+        return None
+    if not isinstance(request.json, dict):
+        return None
+    contents = request.json.get("contents") or []
+    previous_calls = 0
+    for n, content in enumerate(contents):
+        parts = content.get("parts") or []
+        calls = sum(1 for p in parts if "functionCall" in p or "function_call" in p)
+        responses = sum(1 for p in parts if "functionResponse" in p or "function_response" in p)
+        if previous_calls and responses != previous_calls:
+            return _invalid(
+                "Please ensure that the number of function response parts is equal to the "
+                "number of function call parts of the function call turn."
+            )
+        if responses and not previous_calls:
+            return _invalid(
+                "Please ensure that function response turn comes immediately after a function "
+                "call turn."
+            )
+        if calls and n > 0 and contents[n - 1].get("role") == "model":
+            return _invalid(
+                "Please ensure that function call turn comes immediately after a user turn or "
+                "after a function response turn."
+            )
+        previous_calls = calls if content.get("role") == "model" else 0
+    if previous_calls:
+        return _invalid(
+            "Please ensure that the number of function response parts is equal to the "
+            "number of function call parts of the function call turn."
+        )
+    return None
+
+
+def _invalid(message: str) -> Reply:
+    return Reply(status=400, body=_error(400, "INVALID_ARGUMENT", message))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tests.providers.wire import SSE, Reply
+from tests.providers.wire import SSE, Recorded, Reply
 
 MODEL = "gpt-4o-2024-08-06"
 COMPLETION_ID = "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG"
@@ -312,3 +312,55 @@ def dropped_mid_stream(parts: Sequence[str]) -> Reply:
 def ended_without_finish(parts: Sequence[str]) -> Reply:
     """Content, then a clean end of body with no finish_reason and no [DONE]."""
     return Reply(events=text_events(parts)[: 1 + len(parts)])
+
+
+# --- request checks: what the real API refuses with a 400 -------------------
+
+
+def refuse(request: Recorded) -> Reply | None:
+    """The 400 Chat Completions answers to this request, or None.
+
+    As the API checks it: an assistant message with ``tool_calls`` is
+    followed by one ``tool`` message per call id before any other message,
+    and a ``tool`` message answers a call of the assistant message before
+    its run of tool messages.
+    """
+    if not request.path.endswith("/chat/completions") or not isinstance(request.json, dict):
+        return None
+    messages = request.json.get("messages") or []
+    open_calls: list[str] = []  # calls of the last assistant message not yet answered
+    for n, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            if message.get("tool_call_id") not in open_calls:
+                return _invalid(
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{n}].role",
+                )
+            open_calls.remove(message["tool_call_id"])
+            continue
+        if open_calls:
+            return _missing_responses(open_calls, n)
+        if role == "assistant":
+            open_calls = [call["id"] for call in message.get("tool_calls") or []]
+    if open_calls:
+        return _missing_responses(open_calls, len(messages))
+    return None
+
+
+def _missing_responses(ids: list[str], n: int) -> Reply:
+    return _invalid(
+        "An assistant message with 'tool_calls' must be followed by tool messages responding "
+        "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+        + ", ".join(ids),
+        f"messages.[{n}].role",
+    )
+
+
+def _invalid(message: str, param: str) -> Reply:
+    return Reply(
+        status=400,
+        body=error_body(message, "invalid_request_error", param=param),
+        headers={"x-request-id": "req_invalid"},
+    )

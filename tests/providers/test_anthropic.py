@@ -99,7 +99,7 @@ async def test_request_carries_model_limits_system_tools_and_auth(
     assert body["max_tokens"] == 1024
     assert body["stream"] is True
     assert "thinking" not in body
-    # Prompt caching: breakpoints on the system block and on the last tool only.
+    # Prompt caching: breakpoints on the system block, the last tool and the newest message.
     assert body["system"] == [
         {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}
     ]
@@ -115,7 +115,12 @@ async def test_request_carries_model_limits_system_tools_and_auth(
             "cache_control": {"type": "ephemeral"},
         },
     ]
-    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}],
+        }
+    ]
     # This SDK sends the API key as a bearer token, not as x-api-key.
     assert sent.headers["authorization"] == f"Bearer {API_KEY}"
     assert sent.headers["anthropic-version"]
@@ -194,7 +199,15 @@ async def test_tool_call_round_trip_sends_result_and_signed_thinking_back(
         },
         {
             "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": TOOL_ID, "content": "18°C, sunny"}],
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": TOOL_ID,
+                    "content": "18°C, sunny",
+                    # The newest message's breakpoint: the next call reads this one's cache.
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ],
         },
     ]
 
@@ -231,7 +244,7 @@ async def test_redacted_thinking_goes_back_opaque(
     # Tool results lead the user message, as the API requires; errors are flagged.
     assert messages[2]["content"] == [
         {"type": "tool_result", "tool_use_id": TOOL_ID, "is_error": True, "content": "ETIMEDOUT"},
-        {"type": "text", "text": "(the clock is broken)"},
+        {"type": "text", "text": "(the clock is broken)", "cache_control": {"type": "ephemeral"}},
     ]
 
 

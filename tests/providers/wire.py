@@ -2,9 +2,12 @@
 
 A :class:`WireServer` runs a real uvicorn server on 127.0.0.1 in a thread and
 answers every POST with the next scripted :class:`Reply`, recording each
-request (path, headers, JSON body) so tests can check what the SDK sent. The
-provider-specific modules (``fake_anthropic`` …) build the replies: the event
-names, fields and ordering each real API sends.
+request (path, headers, JSON body and its raw bytes) so tests can check what
+the SDK sent. The provider-specific modules (``fake_anthropic`` …) build the
+replies: the event names, fields and ordering each real API sends. They also
+hold each API's request checks (``refuse``): a request the real API answers
+with a 400 — a tool call without its result, a result without its call —
+gets that 400 here too, before any scripted reply is used.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,10 +66,17 @@ class Recorded:
     query: str
     headers: dict[str, str]
     json: Any
+    # The body as sent, byte for byte: what a prompt cache keyed on the prefix sees.
+    raw: bytes = b""
+
+
+# A request check: the error reply the real API would send, or None to go on.
+Refusal = Callable[[Recorded], Reply | None]
 
 
 class WireServer:
-    def __init__(self) -> None:
+    def __init__(self, checks: Sequence[Refusal] = ()) -> None:
+        self.checks = tuple(checks)
         self.replies: deque[Reply] = deque()
         self.requests: list[Recorded] = []
         with socket.socket() as s:
@@ -99,15 +109,19 @@ class WireServer:
 
     async def _handle(self, request: Request) -> Response:
         raw = await request.body()
-        self.requests.append(
-            Recorded(
-                request.method,
-                "/" + request.path_params["path"],
-                request.url.query,
-                dict(request.headers),
-                json.loads(raw) if raw else None,
-            )
+        recorded = Recorded(
+            request.method,
+            "/" + request.path_params["path"],
+            request.url.query,
+            dict(request.headers),
+            json.loads(raw) if raw else None,
+            raw,
         )
+        self.requests.append(recorded)
+        for check in self.checks:
+            refused = check(recorded)
+            if refused is not None:
+                return JSONResponse(refused.body, status_code=refused.status)
         if not self.replies:
             return JSONResponse({"error": "no scripted reply left"}, status_code=599)
         reply = self.replies.popleft()

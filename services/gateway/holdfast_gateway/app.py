@@ -82,6 +82,6 @@ def create_app(settings: Settings) -> FastAPI:
         responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404, 409),
     )
     app.include_router(hitl.router)
-    app.include_router(tasks.router, responses=errors.responses(*errors.AUTHENTICATED, 404, 409))
+    app.include_router(tasks.router, responses=errors.responses(*errors.AUTHENTICATED, 404))
     app.include_router(health.router)
     return app

@@ -89,7 +89,10 @@ _DESCRIPTIONS = {
     410: "`HITL_EXPIRED`: the question expired or its turn ended",
     413: "`BODY_TOO_LARGE`: the body is larger than `HOLDFAST_MAX_BODY_BYTES`",
     415: "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`",
-    422: "`INVALID_REQUEST` (`details.errors` names each field), `MODEL_UNAVAILABLE`",
+    422: (
+        "`INVALID_REQUEST` (`details.errors` names each field), `MODEL_UNAVAILABLE`, "
+        "`UNSUPPORTED_MEDIA` (the turn's model cannot take a media type; `details.media_type`)"
+    ),
     429: "`RATE_LIMITED`: too many failed API-key checks from this address; see `Retry-After`",
     500: "`INTERNAL`: an unexpected error, logged by the gateway",
     503: "`UNAVAILABLE`: Redis or PostgreSQL is unreachable; retry after `Retry-After`",

@@ -6,26 +6,28 @@ Produces: the turn's events in the task's event log; tool calls on
 ``Keys.tools``; assistant messages, tool results and turn status in
 PostgreSQL; the archived copy of every event log (each worker also runs an
 :class:`~holdfast_shared.eventlog.Archiver`); its providers in
-``Keys.providers``.
+``Keys.providers``, and its own registration in ``Keys.worker_alive`` (refreshed
+while it lives, deleted when it stops cleanly).
 Guarantees: a job is acknowledged once its turn ended (its terminal
 lifecycle event is logged), parked on a question (snapshotted; no worker
 holds it) or was handed back (snapshotted and queued again); a job left
 unacknowledged by a dead worker is taken over when its lease lapses. SIGTERM
 stops taking jobs, lets running turns finish for ``HOLDFAST_DRAIN_SECONDS``
-and hands the rest back. Its background loops (archiver, inbox, provider
-announcements, question expiry, stale-turn sweep) run in one ``Background``
-and stop with it.
+and hands the rest back. Its background loops (archiver, inbox, announcing
+itself and its providers, question expiry, stale-turn sweep) run in one
+``Background`` and stop with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 
-from holdfast_shared.availability import REFRESH_SECONDS, advertise
+from holdfast_shared import workers
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
@@ -33,10 +35,15 @@ from holdfast_shared.keys import Keys
 from holdfast_shared.logs import configure_logging
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
+from holdfast_shared.tools import BUILTIN_TOOLS
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from holdfast_loop_worker.consumer import TurnConsumer
+from holdfast_loop_worker.context.engine import ContextEngine, ContextSettings, check_fits
+from holdfast_loop_worker.context.memory import NoMemory
+from holdfast_loop_worker.context.working_memory import WorkingMemoryStore
 from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
 from holdfast_loop_worker.lease import Leases
@@ -44,7 +51,7 @@ from holdfast_loop_worker.providers import ProviderRegistry
 from holdfast_loop_worker.recovery import queue_resume, requeue_stale, requeue_unfinished
 from holdfast_loop_worker.state import Snapshots
 from holdfast_loop_worker.toolcalls import ToolCaller
-from holdfast_loop_worker.turn import TurnContext
+from holdfast_loop_worker.turn import SYSTEM_PROMPT, TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,21 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     for agent, spec in settings.agent_models.items():
         providers.resolve(spec)  # an agent's model no worker can run is a start-up error
         log.info("agent %s uses %s", agent, spec)
+    context_settings = ContextSettings(
+        window=settings.context_window,
+        threshold=settings.compaction_threshold,
+        compaction_model=settings.compaction_model,
+        tool_result_chars=settings.tool_result_context_chars,
+    )
+    try:
+        # Settings no turn could run with stop the worker here, not mid-turn.
+        default = providers.resolve(None)
+        check_fits(context_settings, default.model, SYSTEM_PROMPT, BUILTIN_TOOLS)
+        if settings.compaction_model:
+            providers.resolve(settings.compaction_model)
+    except ValueError as exc:
+        await providers.aclose()
+        raise SystemExit(f"loop-worker: invalid settings: {exc}") from None
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,6 +98,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     inbox = Inbox(redis, keys, worker_id)
     human = HumanChannel(sessions, ttl_seconds=settings.channel_state_ttl_hitl)
     leases = Leases(sessions, worker_id, lease_seconds=settings.lease_seconds)
+    context = ContextEngine(
+        sessions,
+        providers,
+        NoMemory(),
+        WorkingMemoryStore(redis, keys, ttl_seconds=settings.working_memory_ttl),
+        context_settings,
+    )
     ctx = TurnContext(
         sessions=sessions,
         redis=redis,
@@ -99,6 +128,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             network_agents=frozenset(settings.network_agents),
             timeout_seconds=settings.tool_timeout_seconds,
         ),
+        context=context,
         max_iterations=settings.max_iterations,
         deadline_seconds=settings.turn_deadline_seconds,
         hitl_ttl_seconds=settings.channel_state_ttl_hitl,
@@ -132,11 +162,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             background.start(inbox.run(), name="inbox")
             background.start(
                 every(
-                    REFRESH_SECONDS,
-                    lambda: advertise(redis, keys, providers.names),
-                    what="advertising the providers",
+                    workers.ALIVE_TTL_SECONDS / 3,
+                    lambda: workers.announce(
+                        redis,
+                        keys,
+                        worker_id,
+                        providers.names,
+                        default_model=providers.default_model,
+                    ),
+                    what="announcing the worker and its providers",
                 ),
-                name="advertise",
+                name="announce",
             )
             background.start(
                 every(
@@ -157,6 +193,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await archiver.flush()
         await inbox.close()
     finally:
+        with contextlib.suppress(RedisError):  # Redis gone: the key lapses on its own
+            await workers.withdraw(redis, keys, worker_id)
         await providers.aclose()
         await redis.aclose()
         await engine.dispose()

@@ -10,7 +10,9 @@ what the loop needs to pick up where it was:
   once known and the HITL request it waits on;
 * ``position``, ``iteration``, ``usage``, ``active_ms`` (time spent running,
   for the deadline), ``last_seq`` (the turn's last event covered by the
-  snapshot: anything after it belongs to a step that was cut off).
+  snapshot: anything after it belongs to a step that was cut off);
+* ``working_memory`` and ``calibration``, the context engine's per-task
+  state, so a turn taken over keeps the agent's notes.
 
 Snapshots are written after every model call, after every tool result, when
 a HITL request parks the turn, and on shutdown; they expire after the active
@@ -52,6 +54,11 @@ class TurnState:
     stop_reason: str | None = None
     last_seq: int = 0
     active_ms: int = 0
+    # The task's working memory as this turn has it (context/working_memory.py);
+    # a snapshot written before these fields existed reads the defaults.
+    working_memory: dict[str, str] = field(default_factory=dict)
+    # Provider-reported prompt tokens per locally estimated one (context/tokens.py).
+    calibration: float = 1.0
 
     def add_usage(self, counts: dict[str, int]) -> None:
         for name, value in counts.items():

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from holdfast_shared.conversation import for_provider, load_history
 from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
 from holdfast_shared.eventlog import EventLog, next_epoch
@@ -63,7 +62,7 @@ from holdfast_shared.events import (
 )
 from holdfast_shared.jobs import ToolOutcome, TurnJob
 from holdfast_shared.keys import Keys
-from holdfast_shared.tools import ASK_USER, BUILTIN_TOOLS
+from holdfast_shared.tools import ASK_USER, BUILTIN_TOOLS, WORKING_MEMORY
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
 from sqlalchemy import select, update
@@ -71,6 +70,9 @@ from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.blocks import Block
+from holdfast_loop_worker.context.assembly import Assembled
+from holdfast_loop_worker.context.engine import ContextEngine, TurnScope
+from holdfast_loop_worker.context.tokens import recalibrate
 from holdfast_loop_worker.emitter import Emitter
 from holdfast_loop_worker.hitl import Answer, HumanChannel
 from holdfast_loop_worker.lease import Leases
@@ -80,7 +82,6 @@ from holdfast_loop_worker.providers import (
     Finish,
     ModelChoice,
     ModelEvent,
-    ModelRequest,
     ProviderError,
     ProviderRegistry,
     TextChunk,
@@ -119,6 +120,7 @@ class TurnContext:
     max_iterations: int
     deadline_seconds: float
     hitl_ttl_seconds: int
+    context: ContextEngine
     agent_models: dict[str, str] = field(default_factory=dict)
     retry_attempts: int = 4
 
@@ -160,10 +162,19 @@ class TurnRunner:
         # stored); a turn on its first run cannot have.
         self.resuming = False
         self.provider_name: str | None = None
+        self.model_name: str | None = None
         self.agent = job.agent
         self.model = job.model
         # Stops requested from outside (cancel, hand-back): see stopping.py.
         self.stop = TurnStop()
+        # What the task's last turn left (tasks row), for a turn that starts fresh.
+        self._stored_memory: dict[str, Any] | None = None
+        self._stored_calibration: float | None = None
+        # The current model call: its request's estimated size and the prompt
+        # size the provider reported (calibration).
+        self._prompt_tokens = 0
+        # The usage totals last sent as an event by this worker.
+        self._reported_usage: dict[str, int] | None = None
         self._started = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------
@@ -201,6 +212,13 @@ class TurnRunner:
             self.state = snapshot
         self.resuming = resuming
         await self.ctx.lock.ensure(self.job.task_id, self.job.turn_id)
+        await self.ctx.context.begin_turn(
+            self.job.task_id,
+            self.state,
+            resumed=snapshot is not None,
+            stored=self._stored_memory,
+            calibration=self._stored_calibration,
+        )
         if snapshot is None and self._state_expired(row):
             # Its channel state outlived its TTL: the turn cannot go on, and a
             # client replaying it learns so from the error.
@@ -251,13 +269,14 @@ class TurnRunner:
         await self._end(
             "completed",
             stop_reason,
-            [self._usage(), ThreadLifecycle(phase="completed", stop_reason=stop_reason)],
+            [*self._final_usage(), ThreadLifecycle(phase="completed", stop_reason=stop_reason)],
         )
         return "completed"
 
     async def _drive(self) -> str:
         choice = self.ctx.providers.resolve(self.model)
         self.provider_name = choice.provider.name
+        self.model_name = choice.model
         state = self.state
         while True:
             if state.stage == "final":
@@ -275,18 +294,19 @@ class TurnRunner:
     # -- model calls -----------------------------------------------------------
     async def _model_step(self, choice: ModelChoice) -> None:
         state = self.state
-        async with self.ctx.sessions() as session:
-            history = await load_history(
-                session, self.job.task_id, cutoff=(self.job.turn_id, state.position)
-            )
-        request = ModelRequest(
-            model=choice.model,
-            system=SYSTEM_PROMPT,
-            messages=tuple(for_provider(history, choice.provider.name)),
-            tools=BUILTIN_TOOLS if self.ctx.tools is not None else (),
-        )
-        stream = stream_with_retries(choice.provider, request, attempts=self.ctx.retry_attempts)
-        blocks, stop_reason = await self._model_call(stream)
+        prepared = await self._prepare(choice)
+        try:
+            blocks, stop_reason = await self._call(choice, prepared)
+        except ProviderError as exc:
+            if exc.code != ErrorCode.CONTEXT_OVERFLOW:
+                raise
+            # Our estimate was short of the provider's count: compact harder, once.
+            log.warning("turn %s: the provider found the context too long", self.job.turn_id)
+            smaller = await self._prepare(choice, harder=True)
+            if smaller.tokens >= prepared.tokens:
+                raise  # nothing left to compact: the turn fails with the provider's error
+            blocks, stop_reason = await self._call(choice, smaller)
+        await self.emitter.emit(self._usage(record=True))
         content = {
             "blocks": [b.to_content() for b in blocks],
             "stop_reason": stop_reason,
@@ -304,6 +324,32 @@ class TurnRunner:
             state.stage = "final"
             state.stop_reason = stop_reason
         await self._snapshot("model_call", message=message)
+
+    async def _prepare(self, choice: ModelChoice, *, harder: bool = False) -> Assembled:
+        scope = TurnScope(
+            self.job.tenant_id, self.job.task_id, self.job.turn_id, self.state.position
+        )
+        return await self.ctx.context.prepare(
+            scope,
+            self.state,
+            choice,
+            system_prompt=SYSTEM_PROMPT,
+            tools=BUILTIN_TOOLS if self.ctx.tools is not None else (),
+            emit=self.emitter.emit,
+            harder=harder,
+        )
+
+    async def _call(self, choice: ModelChoice, prepared: Assembled) -> tuple[list[Block], str]:
+        """One model call; its reported prompt size calibrates the next estimates."""
+        self._prompt_tokens = 0
+        stream = stream_with_retries(
+            choice.provider, prepared.request, attempts=self.ctx.retry_attempts
+        )
+        result = await self._model_call(stream)
+        self.state.calibration = recalibrate(
+            self.state.calibration, prepared.tokens, self._prompt_tokens
+        )
+        return result
 
     async def _model_call(self, stream: AsyncIterator[ModelEvent]) -> tuple[list[Block], str]:
         self.blocks = blocks = dict[int, Block]()
@@ -327,6 +373,11 @@ class TurnRunner:
                 elif isinstance(item, BlockStop):
                     await self._close(item.index, blocks[item.index], item)
                 elif isinstance(item, UsageReport):
+                    self._prompt_tokens += (
+                        item.input_tokens
+                        + item.cache_creation_input_tokens
+                        + item.cache_read_input_tokens
+                    )
                     self.state.add_usage(
                         {
                             "input_tokens": item.input_tokens,
@@ -406,6 +457,10 @@ class TurnRunner:
             return ToolOutcome(error="tools are not available on this engine")
         if call.name == ASK_USER.name:
             return await self._ask_user(call)
+        if call.name == WORKING_MEMORY.name:
+            return await self.ctx.context.working_memory_call(
+                self.job.task_id, self.state, call.input, self.emitter.emit
+            )
         self.used_tools = True
         rule = tools.policy(self.agent, call.name)
         if rule == "unknown":
@@ -569,7 +624,7 @@ class TurnRunner:
         await self._end(
             "cancelled",
             "cancelled",
-            [self._usage(), ThreadLifecycle(phase="completed", stop_reason="cancelled")],
+            [*self._final_usage(), ThreadLifecycle(phase="completed", stop_reason="cancelled")],
         )
         return "cancelled"
 
@@ -578,6 +633,7 @@ class TurnRunner:
             "errored",
             None,
             [
+                *self._final_usage(),
                 ErrorEvent(error=code, message=message, details=details),
                 ThreadLifecycle(phase="errored"),
             ],
@@ -609,6 +665,15 @@ class TurnRunner:
                     lease_until=None,
                 )
             )
+            # The task keeps what the context engine learned for its next turn.
+            await session.execute(
+                update(Task)
+                .where(Task.id == self.job.task_id)
+                .values(
+                    working_memory=self.state.working_memory,
+                    token_calibration=self.state.calibration,
+                )
+            )
             # A question nobody will read the answer to is closed with the turn.
             await session.execute(
                 update(HitlRequestRecord)
@@ -620,14 +685,25 @@ class TurnRunner:
             )
         await self.ctx.redis.delete(self.ctx.keys.cancel(self.job.task_id))
 
-    def _usage(self) -> Usage:
+    def _final_usage(self) -> list[Usage]:
+        """The turn's total before its terminal event, unless the last ``usage``
+        this worker sent (after the last model call) says it already."""
+        if self._reported_usage == self.state.usage:
+            return []
+        return [self._usage(record=True)]
+
+    def _usage(self, *, record: bool = False) -> Usage:
+        """``usage`` so far in the turn: cumulative over its model calls."""
         u = self.state.usage
+        if record:
+            self._reported_usage = dict(u)
         return Usage(
             input_tokens=u.get("input_tokens", 0),
             output_tokens=u.get("output_tokens", 0),
             cache_creation_input_tokens=u.get("cache_creation_input_tokens", 0),
             cache_read_input_tokens=u.get("cache_read_input_tokens", 0),
             reasoning_tokens=u.get("reasoning_tokens", 0),
+            model=f"{self.provider_name}:{self.model_name}" if self.provider_name else None,
         )
 
     # -- persistence -----------------------------------------------------------
@@ -670,14 +746,15 @@ class TurnRunner:
         async with self.ctx.sessions() as session:
             found = (
                 await session.execute(
-                    select(Turn, Task.name)
+                    select(Turn, Task.name, Task.working_memory, Task.token_calibration)
                     .join(Task, Task.id == Turn.task_id)
                     .where(Turn.id == self.job.turn_id)
                 )
             ).first()
         if found is None:
             return None  # its task was deleted
-        row, self.emitter.task_name = found
+        row: Turn = found[0]
+        self.emitter.task_name, self._stored_memory, self._stored_calibration = found[1:]
         if row.status not in ("queued", "running", "parked"):
             return None
         self.agent = self.job.agent or row.agent

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -73,6 +74,11 @@ class Task(Base):
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(128))
+    # The agent's scratchpad ({key: value}) as the last turn left it; the live
+    # copy is in Redis while the task is active (context engine).
+    working_memory: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # Provider-reported prompt tokens / the local estimate, learned per task.
+    token_calibration: Mapped[float | None] = mapped_column(Float)
     agent: Mapped[str | None] = mapped_column(String(128))
     model: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -203,3 +209,27 @@ class HitlRequestRecord(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     answered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ContextSummary(Base):
+    """A summary standing in for a task's oldest messages in the model's context.
+
+    It covers every message of the task with ``id <= last_message_id`` (an
+    earlier summary's text included), made by the compaction orchestrator;
+    the messages themselves stay for replay and export. One per range: a
+    turn taken over during a compaction reuses the summary if it was written.
+    """
+
+    __tablename__ = "context_summaries"
+    __table_args__ = (UniqueConstraint("task_id", "last_message_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    last_message_id: Mapped[int] = mapped_column(BigInteger)
+    summary: Mapped[str] = mapped_column(Text)
+    summarized_messages: Mapped[int] = mapped_column(Integer)
+    summary_tokens: Mapped[int] = mapped_column(Integer)
+    tokens_before: Mapped[int] = mapped_column(Integer)
+    tokens_after: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

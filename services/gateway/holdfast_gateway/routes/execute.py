@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
-from holdfast_shared.availability import available_providers
+from holdfast_shared.availability import available_providers, default_models
 from holdfast_shared.content import (
     MAX_MEDIA_ITEMS,
     MediaItem,
@@ -17,6 +17,7 @@ from holdfast_shared.content import (
 )
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
+from holdfast_shared.media import first_unsupported, unsupported_media
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
@@ -125,6 +126,8 @@ async def execute(
 ) -> EventSourceResponse:
     if request.model is not None:
         await _require_provider(state, request.model)
+    if request.media:
+        await _require_media_support(state, request)
     turn = await start_turn(
         state,
         tenant,
@@ -160,3 +163,30 @@ async def _require_provider(state: StateDep, model: str) -> None:
             "set its API key in the loop-workers' environment",
             {"model": model},
         )
+
+
+async def _require_media_support(state: StateDep, request: ExecuteRequest) -> None:
+    """422 naming the type when the turn's model cannot take one of the media.
+
+    The turn's model is the one a worker will pick: the request's, else the
+    agent's (``HOLDFAST_AGENT_MODELS``), else the workers' default, as they
+    advertise it (every live worker's, should they differ).
+    """
+    spec = request.model or state.settings.agent_models.get(request.agent or "")
+    if spec:
+        specs = {spec}
+    else:
+        specs = await default_models(state.redis, state.keys)
+        if not specs and state.settings.model:
+            specs = {state.settings.model}
+    items = as_stored(request.media)
+    for candidate in sorted(specs):
+        try:
+            parsed = parse_model_spec(candidate)
+        except ValueError:
+            continue  # not this check's to report: the turn fails with UNKNOWN_MODEL
+        reason = unsupported_media(parsed.provider, parsed.model, items)
+        index = first_unsupported(parsed.provider, parsed.model, items)
+        if reason is not None and index is not None:
+            details = {"model": str(parsed), "media_type": items[index]["media_type"]}
+            raise ApiError(422, ErrorCode.UNSUPPORTED_MEDIA, reason, {**details, "index": index})

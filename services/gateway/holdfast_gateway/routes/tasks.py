@@ -1,8 +1,10 @@
-"""``DELETE /tasks/{task_id}``: remove a task, its history, its log and its workspace."""
+"""``/tasks/{task_id}``: remove a task (its history, log and workspace); read its
+working memory."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Path
 from holdfast_shared.db.models import (
@@ -15,15 +17,21 @@ from holdfast_shared.db.models import (
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import WorkspaceRemoval
-from sqlalchemy import delete
+from pydantic import BaseModel
+from sqlalchemy import delete, select
 
+from holdfast_gateway import errors
 from holdfast_gateway.deps import StateDep, TenantDep, require_task
 from holdfast_gateway.errors import ApiError
 
 router = APIRouter()
 
 
-@router.delete("/tasks/{task_id}", summary="Delete a task with its events and workspace")
+@router.delete(
+    "/tasks/{task_id}",
+    summary="Delete a task with its events and workspace",
+    responses=errors.responses(409),
+)
 async def delete_task(
     state: StateDep,
     tenant: TenantDep,
@@ -53,3 +61,31 @@ async def delete_task(
     removal = WorkspaceRemoval(tenant_id=tenant, task_id=task.id)
     await state.redis.xadd(keys.tools, removal.to_fields())
     return {"status": "deleted", "task_id": task.name}
+
+
+class WorkingMemory(BaseModel):
+    task_id: str
+    working_memory: dict[str, str]
+
+
+@router.get(
+    "/tasks/{task_id}/working-memory",
+    summary="The task's working memory: the notes its agent keeps (key → value)",
+)
+async def working_memory(
+    state: StateDep,
+    tenant: TenantDep,
+    task_id: Annotated[str, Path(pattern=ID_PATTERN)],
+) -> WorkingMemory:
+    task = await require_task(state, tenant, task_id)
+    # The live copy while the task is active; what its last turn left after that.
+    live = await cast(
+        "Awaitable[dict[Any, Any]]", state.redis.hgetall(state.keys.working_memory(task.id))
+    )
+    if live:
+        memory = {str(k): str(v) for k, v in live.items()}
+    else:
+        async with state.sessions() as session:
+            stored = await session.scalar(select(Task.working_memory).where(Task.id == task.id))
+        memory = {str(k): str(v) for k, v in (stored or {}).items()}
+    return WorkingMemory(task_id=task.name, working_memory=memory)

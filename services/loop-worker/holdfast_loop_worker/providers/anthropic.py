@@ -27,8 +27,21 @@ What it guarantees:
   inside a 200 stream, connections dropped mid-stream, and a stream that
   ends without ``message_stop``. The SDK's own retries are off
   (``max_retries=0``): ``stream_with_retries`` owns retrying.
-* Prompt caching: ``cache_control`` breakpoints on the system prompt and the
-  last tool definition, the prefix that stays the same across iterations.
+* Prompt caching, arranged: the body goes out as ``model``, ``max_tokens``,
+  ``stream``, ``thinking``, ``tools``, ``system``, ``messages`` — what changes
+  least first, as the API renders the prompt (tools, system, messages). The
+  SDK's ``messages.create`` would put ``messages`` second whatever the order
+  of its arguments, so the body is built here and sent with the SDK's own
+  ``post`` (same client, headers, errors and SSE decoding). At most four
+  ``cache_control`` breakpoints: the last tool, the system prompt, the soul
+  (its own system block, when there is one) and the newest message's last
+  block before the notes, which go last as a text block of their own — so
+  the next call, whose history extends this one's, reads this one's cache.
+* Media (``holdfast_shared.media``): images as ``image`` blocks (base64 or
+  URL source), PDFs as ``document`` blocks (base64 or URL), ``text/plain`` as
+  a ``document`` with a text source; before the message's text. Anything
+  else fails the call as ``UNSUPPORTED_MEDIA`` before a byte is sent.
+* Tool calls and results go out paired (``toolpairs.paired``).
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ from typing import Any, cast
 import anthropic
 import httpx2
 from anthropic.types import (
+    Message,
     MessageParam,
     RawMessageStreamEvent,
     TextBlockParam,
@@ -52,7 +66,9 @@ from anthropic.types import (
 )
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
+from holdfast_shared.media import IMAGES, PDF, PLAIN_TEXT
 
+from holdfast_loop_worker.providers import media
 from holdfast_loop_worker.providers.base import (
     BlockStart,
     BlockStop,
@@ -66,6 +82,7 @@ from holdfast_loop_worker.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
+from holdfast_loop_worker.providers.toolpairs import paired
 
 API_KEY_ENV = "ANTHROPIC_API_KEY"
 BASE_URL_ENV = "ANTHROPIC_BASE_URL"
@@ -124,23 +141,23 @@ class AnthropicProvider:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """One model call as normalized events; failures raise :class:`ProviderError`."""
-        thinking: ThinkingConfigParam | anthropic.Omit = anthropic.omit
+        media.require_supported(self.name, request)
+        thinking: ThinkingConfigParam | None = None
         max_tokens = request.max_tokens
         if self._thinking_budget is not None:
             thinking = {"type": "enabled", "budget_tokens": self._thinking_budget}
             # The API counts thinking inside max_tokens (and wants the budget
             # below it); adding it keeps the answer's own allowance intact.
             max_tokens += self._thinking_budget
+        body = to_body(request, max_tokens=max_tokens, thinking=thinking)
         translator = _Translator()
         try:
-            raw = await self._client.messages.create(
-                model=request.model,
-                max_tokens=max_tokens,
-                system=_system(request.system) or anthropic.omit,
-                messages=to_messages(request.messages),
-                tools=_tools(request) or anthropic.omit,
-                thinking=thinking,
+            raw = await self._client.post(
+                "/v1/messages",
+                body=body,
+                cast_to=Message,
                 stream=True,
+                stream_cls=anthropic.AsyncStream[RawMessageStreamEvent],
             )
             async with raw:
                 async for event in raw:
@@ -178,11 +195,30 @@ def from_env(environ: Mapping[str, str]) -> AnthropicProvider | None:
 # --- request: neutral values → the Messages API's shapes -----------------
 
 
-def _system(system: str) -> list[TextBlockParam]:
-    # A list rather than a string so the cache breakpoint has a block to sit on.
-    if not system:
-        return []
-    return [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+def to_body(
+    request: ModelRequest, *, max_tokens: int, thinking: ThinkingConfigParam | None = None
+) -> dict[str, Any]:
+    """The JSON body of one call, in the order the prompt is cached: stable parts first."""
+    body: dict[str, Any] = {"model": request.model, "max_tokens": max_tokens, "stream": True}
+    if thinking is not None:
+        body["thinking"] = thinking
+    if tools := _tools(request):
+        body["tools"] = tools
+    if system := _system(request):
+        body["system"] = system
+    body["messages"] = to_messages(request.messages, notes=request.notes)
+    return body
+
+
+def _system(request: ModelRequest) -> list[TextBlockParam]:
+    # Blocks rather than a string so each part has its breakpoint: the system
+    # prompt (the same for every task of an agent), then the soul (the same
+    # for every turn of a user's task).
+    return [
+        {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}
+        for text in (request.system, request.soul)
+        if text
+    ]
 
 
 def _tools(request: ModelRequest) -> list[ToolParam]:
@@ -198,27 +234,84 @@ def _tools(request: ModelRequest) -> list[ToolParam]:
     return tools
 
 
-def to_messages(messages: Iterable[ChatMessage]) -> list[MessageParam]:
-    """The conversation in the Messages API's format.
+def to_messages(messages: Iterable[ChatMessage], *, notes: str = "") -> list[MessageParam]:
+    """The conversation in the Messages API's format, the newest message marked for the cache.
 
+    Tool calls are paired with their results first (``toolpairs``).
     Consecutive messages of one role merge (the API alternates roles), tool
-    results lead their user message (the API wants them first), and blocks
-    the API would reject are dropped: empty text, and thinking without a
-    signature (another provider's, which Anthropic cannot verify).
+    results lead their user message (the API wants them first), media follow
+    them, before the text, and blocks the API would reject are dropped: empty
+    text, and thinking without a signature (another provider's, which
+    Anthropic cannot verify). The newest message's last cacheable block
+    carries a breakpoint; ``notes`` follow it as a text block of their own.
     """
     out: list[dict[str, Any]] = []
-    for message in messages:
+    for message in paired(messages):
         role = "assistant" if message.role == "assistant" else "user"
         blocks = [b for b in map(_block, message.blocks) if b is not None]
-        blocks.sort(key=lambda b: b["type"] != "tool_result")
+        if role == "user":
+            blocks = [*blocks, *map(_media_block, message.media)]
         if not blocks:
             continue
         if out and out[-1]["role"] == role:
             out[-1]["content"].extend(blocks)
         else:
             out.append({"role": role, "content": blocks})
+    for rendered in out:
+        if rendered["role"] == "user":
+            # A stable sort: results first, then media, then text, each in order.
+            rendered["content"].sort(key=_user_rank)
+    _mark_newest(out)
+    if notes:
+        if not out or out[-1]["role"] != "user":
+            out.append({"role": "user", "content": []})
+        out[-1]["content"].append({"type": "text", "text": notes})
     # Plain dicts built to the SDK's TypedDict shapes; the SDK sends them as JSON.
     return cast("list[MessageParam]", out)
+
+
+def _user_rank(block: dict[str, Any]) -> int:
+    kind = block["type"]
+    return 0 if kind == "tool_result" else 1 if kind in ("image", "document") else 2
+
+
+# Thinking blocks cannot carry a breakpoint; any other block can.
+_UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+def _mark_newest(messages: list[dict[str, Any]]) -> None:
+    if not messages:
+        return
+    for block in reversed(messages[-1]["content"]):
+        if block["type"] not in _UNCACHEABLE:
+            block["cache_control"] = {"type": "ephemeral"}
+            return
+
+
+def _media_block(item: Mapping[str, Any]) -> dict[str, Any]:
+    kind = media.media_type(item)
+    linked = media.is_linked(item)
+    if kind in IMAGES:
+        source: dict[str, Any] = (
+            {"type": "url", "url": item["url"]}
+            if linked
+            else {"type": "base64", "media_type": kind, "data": item["data"]}
+        )
+        return {"type": "image", "source": source}
+    if kind == PDF:
+        source = (
+            {"type": "url", "url": item["url"]}
+            if linked
+            else {"type": "base64", "media_type": kind, "data": item["data"]}
+        )
+    elif kind == PLAIN_TEXT and not linked:
+        source = {"type": "text", "media_type": kind, "data": media.decoded_text(item)}
+    else:  # refused by require_supported before rendering
+        raise ProviderError(ErrorCode.UNSUPPORTED_MEDIA, f"anthropic cannot take {kind} media")
+    document: dict[str, Any] = {"type": "document", "source": source}
+    if item.get("name"):
+        document["title"] = item["name"]
+    return document
 
 
 def _block(block: Mapping[str, Any]) -> dict[str, Any] | None:

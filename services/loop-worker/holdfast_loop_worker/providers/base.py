@@ -21,11 +21,34 @@ BlockType = Literal["text", "thinking", "tool_use"]
 
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
+    """One model call, in the context engine's sections (see ``context/``).
+
+    Providers render it so that what changes least comes first and a cache
+    can hold it (``tools``, ``system``, ``soul``, then ``messages`` oldest
+    first), and what changes every call comes last: ``notes`` — working
+    memory and retrieved memory — go after the last message's own content,
+    and a cache breakpoint on the newest message sits *before* them, so the
+    next call, whose history extends this one's, reads this call's cache.
+    """
+
     model: str
+    # The agent's system prompt: the same for every call of a task.
     system: str
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int = 4096
+    # The soul (and other long-lived memory): stable across turns, its own
+    # system block with its own cache breakpoint.
+    soul: str = ""
+    # Working memory and retrieved memory, rendered: appended to the last
+    # (user-role) message as a text block of its own.
+    notes: str = ""
+    # Stable per task, for providers that route prompt caches by a key
+    # (OpenAI's prompt_cache_key).
+    cache_key: str | None = None
+    # "turn": a step of the agent's turn; "summary": the context engine's
+    # compaction call (no tools, nothing streamed to the client).
+    purpose: Literal["turn", "summary"] = "turn"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,19 @@ What it guarantees beyond the stream contract:
   part later: Gemini rejects a replayed ``functionCall`` that lost its own.
 * The SDK neither retries nor resumes (``stream_with_retries`` does that), so
   a failure always surfaces here as a :class:`ProviderError`.
+* Media (``holdfast_shared.media``) go before the text of their user turn:
+  base64 items as ``inlineData``, URLs as ``fileData`` (Gemini fetches public
+  and signed http(s) URLs itself). Anything else fails the call as
+  ``UNSUPPORTED_MEDIA`` before a byte is sent. Tool calls and results go out
+  paired (``toolpairs.paired``).
+* Prompt caching is implicit on Gemini: a request whose prompt starts like a
+  recent one's reads its cache. So the prefix stays put: the system
+  instruction is the system prompt then the soul, tools follow, then the
+  contents oldest first, and ``notes`` go last, as a text part of the last
+  user turn. The body's bytes follow the same order: the SDK would put
+  ``contents`` first, so they travel in ``HttpOptions.extra_body`` (the SDK's
+  way to add body fields, appended after the ones it builds), dumped to the
+  wire format the SDK itself would send.
 """
 
 from __future__ import annotations
@@ -25,15 +38,16 @@ import importlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from google import genai
 from google.genai import errors, types
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
 
+from holdfast_loop_worker.providers import media
 from holdfast_loop_worker.providers.base import (
     BlockStart,
     BlockStop,
@@ -47,6 +61,7 @@ from holdfast_loop_worker.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
+from holdfast_loop_worker.providers.toolpairs import paired
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 BASE_URL_VARIABLE = "HOLDFAST_GEMINI_BASE_URL"
@@ -117,11 +132,15 @@ class GeminiProvider:
         await self._client.aio.aclose()
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        contents = to_contents(request.messages, request.model)
+        media.require_supported(self.name, request)
+        contents = to_contents(request.messages, request.model, notes=request.notes)
         translator = _Translator()
         try:
             responses = await self._client.aio.models.generate_content_stream(
-                model=request.model, contents=contents, config=self._config(request)
+                model=request.model,
+                # In the body after everything else: see _config.
+                contents=cast("list[types.Content]", None),
+                config=self._config(request, contents),
             )
             try:
                 async for response in responses:
@@ -137,7 +156,9 @@ class GeminiProvider:
         for event in translator.finish():
             yield event
 
-    def _config(self, request: ModelRequest) -> types.GenerateContentConfig:
+    def _config(
+        self, request: ModelRequest, contents: list[types.Content]
+    ) -> types.GenerateContentConfig:
         tools = None
         if request.tools:
             tools = [
@@ -152,8 +173,9 @@ class GeminiProvider:
                     ]
                 )
             ]
+        system = [text for text in (request.system, request.soul) if text]
         return types.GenerateContentConfig(
-            system_instruction=request.system or None,
+            system_instruction=cast("list[types.PartUnion]", system) or None,
             max_output_tokens=request.max_tokens,
             tools=tools,
             thinking_config=(
@@ -163,6 +185,10 @@ class GeminiProvider:
             # re-request on its own (continuation would repeat streamed text).
             automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
             automatic_continuation=False,
+            # The SDK appends extra_body's fields to the body it built (system
+            # instruction, tools, generation config), so the contents, the part
+            # that grows, come last and the bytes before them stay the same.
+            http_options=types.HttpOptions(extra_body={"contents": to_wire(contents)}),
         )
 
 
@@ -177,8 +203,12 @@ def from_env(environ: Mapping[str, str]) -> GeminiProvider | None:
 # --- request: neutral blocks → Gemini contents -------------------------------
 
 
-def to_contents(messages: tuple[ChatMessage, ...], model: str) -> list[types.Content]:
-    """The history as Gemini ``contents``: ``user``/``model`` turns of parts."""
+def to_contents(
+    messages: Iterable[ChatMessage], model: str, *, notes: str = ""
+) -> list[types.Content]:
+    """The history as Gemini ``contents``: ``user``/``model`` turns of parts,
+    ``notes`` the last part of the last user turn."""
+    messages = paired(messages)
     tool_names = {
         b["id"]: b["name"] for m in messages for b in m.blocks if b.get("type") == "tool_use"
     }
@@ -189,7 +219,7 @@ def to_contents(messages: tuple[ChatMessage, ...], model: str) -> list[types.Con
             parts = _model_parts(message.blocks, stub_lost_signatures)
             role = "model"
         else:
-            parts = _user_parts(message.blocks, tool_names)
+            parts = _user_parts(message, tool_names)
             role = "user"
         if not parts:
             continue  # Gemini rejects a turn without parts.
@@ -198,14 +228,25 @@ def to_contents(messages: tuple[ChatMessage, ...], model: str) -> list[types.Con
             contents[-1].parts = [*(contents[-1].parts or []), *parts]
         else:
             contents.append(types.Content(role=role, parts=parts))
+    if notes:
+        if not contents or contents[-1].role != "user":
+            contents.append(types.Content(role="user", parts=[]))
+        contents[-1].parts = [*(contents[-1].parts or []), types.Part(text=notes)]
     return contents
 
 
-def _user_parts(blocks: tuple[dict[str, Any], ...], tool_names: dict[str, str]) -> list[types.Part]:
+def to_wire(contents: list[types.Content]) -> list[dict[str, Any]]:
+    """``contents`` as JSON, as the SDK would send them (camelCase, bytes in base64)."""
+    return [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in contents]
+
+
+def _user_parts(message: ChatMessage, tool_names: dict[str, str]) -> list[types.Part]:
+    # Function responses first (they answer the turn before), then media, then text.
+    texts: list[types.Part] = []
     parts: list[types.Part] = []
-    for block in blocks:
+    for block in message.blocks:
         if block.get("type") == "text" and block.get("text"):
-            parts.append(types.Part(text=block["text"]))
+            texts.append(types.Part(text=block["text"]))
         elif block.get("type") == "tool_result":
             call_id = block["tool_use_id"]
             if call_id not in tool_names:
@@ -226,7 +267,20 @@ def _user_parts(blocks: tuple[dict[str, Any], ...], tool_names: dict[str, str]) 
                     )
                 )
             )
-    return parts
+    return [*parts, *map(_media_part, message.media), *texts]
+
+
+def _media_part(item: Mapping[str, Any]) -> types.Part:
+    kind = media.media_type(item)
+    if media.is_linked(item):
+        return types.Part(file_data=types.FileData(mime_type=kind, file_uri=str(item["url"])))
+    try:
+        data = base64.b64decode(str(item["data"]), validate=True)
+    except binascii.Error as exc:
+        raise ProviderError(
+            ErrorCode.UNSUPPORTED_MEDIA, f"a {kind} item is not valid base64: {exc}"
+        ) from exc
+    return types.Part(inline_data=types.Blob(mime_type=kind, data=data))
 
 
 def _model_parts(

@@ -4,15 +4,33 @@ Chat Completions is the protocol OpenAI-compatible servers speak (vLLM,
 Ollama, llama.cpp, LM Studio), so this one provider covers the hosted API and
 local models alike.
 
-What it sends: the system prompt as the first ``system`` message; user text;
-assistant text with its ``tool_calls``; every ``tool_result`` block as its own
-``{"role": "tool", "tool_call_id", "content"}`` message (a failed call's
-content starts with ``ERROR:``); tools as ``{"type": "function"}`` entries;
-``stream_options.include_usage`` so the last chunk carries the token counts.
-Thinking blocks are not sent back: Chat Completions has no field for them.
-The output limit goes out as ``max_completion_tokens`` to api.openai.com (its
-reasoning models refuse the deprecated ``max_tokens``) and as ``max_tokens``
-to any other base URL (Ollama and LM Studio only read that one).
+What it sends: the system prompt, then the soul, as the first ``system``
+message; user text; assistant text with its ``tool_calls``; every
+``tool_result`` block as its own ``{"role": "tool", "tool_call_id",
+"content"}`` message (a failed call's content starts with ``ERROR:``), tool
+calls and results paired first (``toolpairs.paired``); tools as
+``{"type": "function"}`` entries; ``stream_options.include_usage`` so the
+last chunk carries the token counts. Thinking blocks are not sent back: Chat
+Completions has no field for them. The output limit goes out as
+``max_completion_tokens`` to api.openai.com (its reasoning models refuse the
+deprecated ``max_tokens``) and as ``max_tokens`` to any other base URL
+(Ollama and LM Studio only read that one).
+
+Media (``holdfast_shared.media``) go before the text of their user message,
+which then has content parts: images as ``image_url`` parts (the URL, or a
+``data:`` URI), PDFs as ``file`` parts (``file_data`` as a ``data:`` URI with
+the ``filename``; base64 only, Chat Completions fetches no file URL), wav/mp3
+as ``input_audio`` parts (audio models only). Anything else fails the call as
+``UNSUPPORTED_MEDIA`` before a byte is sent.
+
+Prompt caching: OpenAI caches the longest prefix it has seen, routed by
+``prompt_cache_key`` — the task's ``cache_key``. The body goes out with what
+changes least first (settings, ``tools``, then ``messages``, the system
+message leading them) and ``notes`` last, as a text part of the last user
+message, or a user message of their own after tool messages. The SDK's
+``chat.completions.create`` would put ``messages`` before ``tools`` whatever
+the order of its arguments, so the body is built here and sent with the
+SDK's own ``post`` (same client, auth, errors and SSE decoding).
 
 What it reads: ``delta.reasoning_content`` or ``delta.reasoning`` (vLLM,
 DeepSeek, Ollama) as a thinking block, ``delta.content`` as text,
@@ -33,18 +51,30 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
-from openai import APIConnectionError, APIError, APIStatusError, AsyncOpenAI, OpenAIError, omit
+from holdfast_shared.media import IMAGES, OPENAI_AUDIO_FORMATS, PDF
+from openai import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    AsyncOpenAI,
+    AsyncStream,
+    OpenAIError,
+)
 from openai.types import CompletionUsage
 from openai.types.chat import (
+    ChatCompletion,
     ChatCompletionAssistantMessageParam,
     ChatCompletionChunk,
+    ChatCompletionContentPartParam,
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageFunctionToolCallParam,
     ChatCompletionMessageParam,
 )
 from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
 
+from holdfast_loop_worker.providers import media
 from holdfast_loop_worker.providers.base import (
     BlockStart,
     BlockStop,
@@ -59,6 +89,7 @@ from holdfast_loop_worker.providers.base import (
     ToolSpec,
     UsageReport,
 )
+from holdfast_loop_worker.providers.toolpairs import paired
 
 API_KEY_ENV = "OPENAI_API_KEY"
 BASE_URL_ENV = "OPENAI_BASE_URL"
@@ -115,19 +146,18 @@ class OpenAIProvider:
         await self._client.close()
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        limit = self._max_tokens_param
+        media.require_supported(self.name, request)
+        body = to_body(request, self._max_tokens_param)
         translator = _Translator()
         try:
-            chunks = await self._client.chat.completions.create(
-                model=request.model,
-                messages=to_messages(request),
-                tools=to_tools(request.tools) if request.tools else omit,
+            chunks = await self._client.post(
+                "/chat/completions",
+                body=body,
+                cast_to=ChatCompletion,
                 stream=True,
-                stream_options={"include_usage": True},
-                max_completion_tokens=(
-                    request.max_tokens if limit == "max_completion_tokens" else omit
-                ),
-                max_tokens=request.max_tokens if limit == "max_tokens" else omit,
+                stream_cls=AsyncStream[ChatCompletionChunk],
+                # What chat.completions.create asks for: the API key as a bearer token.
+                options={"security": {"bearer_auth": True}},
             )
             async with chunks:  # closes the response if the consumer stops early
                 async for chunk in chunks:
@@ -160,18 +190,52 @@ def to_tools(specs: Iterable[ToolSpec]) -> list[ChatCompletionFunctionToolParam]
     ]
 
 
+def to_body(request: ModelRequest, limit: MaxTokensParam) -> dict[str, Any]:
+    """The JSON body of one call, in the order the prompt is cached: stable parts first."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        limit: request.max_tokens,
+    }
+    if request.cache_key:
+        body["prompt_cache_key"] = request.cache_key
+    if request.tools:
+        body["tools"] = to_tools(request.tools)
+    body["messages"] = to_messages(request)
+    return body
+
+
 def to_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
     messages: list[ChatCompletionMessageParam] = []
-    if request.system:
-        messages.append({"role": "system", "content": request.system})
-    for message in request.messages:
+    system = "\n\n".join(text for text in (request.system, request.soul) if text)
+    if system:
+        messages.append({"role": "system", "content": system})
+    for message in paired(request.messages):
         if message.role == "assistant":
             assistant = _assistant_message(message.blocks)
             if assistant is not None:
                 messages.append(assistant)
         else:
-            messages.extend(_user_messages(message.blocks))
+            messages.extend(_user_messages(message))
+    if request.notes:
+        _add_notes(messages, request.notes)
     return messages
+
+
+def _add_notes(messages: list[ChatCompletionMessageParam], notes: str) -> None:
+    """``notes`` as the last text part of the last user message, or after the tool messages."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "user":
+        # Chat Completions takes a user message after the tool messages.
+        messages.append({"role": "user", "content": notes})
+        return
+    content = last["content"]
+    parts: list[ChatCompletionContentPartParam] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    )
+    parts.append({"type": "text", "text": notes})
+    last["content"] = parts
 
 
 def _assistant_message(
@@ -199,12 +263,12 @@ def _assistant_message(
     return message
 
 
-def _user_messages(blocks: Iterable[dict[str, Any]]) -> list[ChatCompletionMessageParam]:
+def _user_messages(message: ChatMessage) -> list[ChatCompletionMessageParam]:
     # Tool results go first: the API wants each tool call answered by a
     # ``tool`` message directly after the assistant message that made it.
     messages: list[ChatCompletionMessageParam] = []
     text = ""
-    for block in blocks:
+    for block in message.blocks:
         if block.get("type") == "tool_result":
             messages.append(
                 {
@@ -215,9 +279,30 @@ def _user_messages(blocks: Iterable[dict[str, Any]]) -> list[ChatCompletionMessa
             )
         elif block.get("type") == "text":
             text += block.get("text", "")
-    if text:
+    if message.media:
+        parts = [_media_part(item) for item in message.media]
+        if text:
+            parts.append({"type": "text", "text": text})
+        messages.append({"role": "user", "content": parts})
+    elif text:
         messages.append({"role": "user", "content": text})
     return messages
+
+
+def _media_part(item: Mapping[str, Any]) -> ChatCompletionContentPartParam:
+    kind = media.media_type(item)
+    linked = media.is_linked(item)
+    if kind in IMAGES:
+        url = str(item["url"]) if linked else media.data_uri(item)
+        return {"type": "image_url", "image_url": {"url": url}}
+    if kind == PDF and not linked:
+        filename = str(item.get("name") or "document.pdf")
+        return {"type": "file", "file": {"filename": filename, "file_data": media.data_uri(item)}}
+    audio = OPENAI_AUDIO_FORMATS.get(kind)
+    if audio is not None and not linked:
+        return {"type": "input_audio", "input_audio": {"data": str(item["data"]), "format": audio}}
+    # Refused by require_supported before rendering.
+    raise ProviderError(ErrorCode.UNSUPPORTED_MEDIA, f"openai cannot take {kind} media")
 
 
 def tool_result_content(block: Mapping[str, Any]) -> str:

@@ -48,7 +48,7 @@ class ProviderRegistry:
         Raises :class:`UnknownModel` when ``configured`` names an unknown
         provider or one whose key is missing.
         """
-        providers: list[Provider] = [ScriptedProvider()]
+        providers: list[Provider] = [ScriptedProvider.from_env(environ)]
         for name in DEFAULT_MODELS:
             module = importlib.import_module(f"holdfast_loop_worker.providers.{name}")
             provider = module.from_env(environ)

@@ -16,6 +16,20 @@ It goes through the same code path as a real provider. What it answers:
   ``delay_ms`` pauses between deltas; ``stop_reason`` is reported as the
   model's; ``fail`` raises a provider error with that message after the
   deltas, to exercise error paths.
+
+* ``{"echo_notes": true}`` answers with the request's notes (working and
+  retrieved memory) as the model saw them.
+* A summary call (``purpose="summary"``, the context engine compacting)
+  gets a short summary: how many messages, and the start of each user
+  message, within the call's ``max_tokens``; after ``SCRIPTED_SUMMARY_DELAY_MS``
+  when set (to catch a worker in the middle of one).
+* When the request carries an engine summary of earlier turns, the echo
+  ends with ``[summary in context]``, so tests can see the model got it.
+
+It counts a request's size the way the context engine estimates it (four
+characters a token) and reports it as ``input_tokens``; with
+``SCRIPTED_CONTEXT_WINDOW`` set it refuses a larger request the way real
+APIs do (``CONTEXT_OVERFLOW``), so tests can prove every request fits.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ import asyncio
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from holdfast_loop_worker.providers.base import (
@@ -52,10 +66,49 @@ def _count_tokens(text: str) -> int:
     return len(text.split())
 
 
+CONTEXT_WINDOW_ENV = "SCRIPTED_CONTEXT_WINDOW"
+SUMMARY_DELAY_ENV = "SCRIPTED_SUMMARY_DELAY_MS"
+_SUMMARY_MARK = "# Earlier in this task"
+
+
+def request_tokens(request: ModelRequest) -> int:
+    """The request's size in the engine's own estimate (four characters a token)."""
+    chars = len(request.system) + len(request.soul) + len(request.notes)
+    for message in request.messages:
+        chars += len(json.dumps(message.blocks, default=str)) + 16
+    for tool in request.tools:
+        chars += len(tool.name) + len(tool.description) + len(json.dumps(tool.input_schema))
+    return chars // 4
+
+
 class ScriptedProvider:
     name = "scripted"
 
+    def __init__(self, *, context_window: int | None = None, summary_delay_ms: int = 0) -> None:
+        self.context_window = context_window
+        self.summary_delay_ms = summary_delay_ms
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ScriptedProvider:
+        window = environ.get(CONTEXT_WINDOW_ENV)
+        return cls(
+            context_window=int(window) if window else None,
+            summary_delay_ms=int(environ.get(SUMMARY_DELAY_ENV) or 0),
+        )
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        size = request_tokens(request)
+        if self.context_window is not None and size > self.context_window:
+            raise ProviderError(
+                "CONTEXT_OVERFLOW",
+                f"prompt is too long: {size} tokens > {self.context_window} maximum",
+            )
+        if request.purpose == "summary":
+            if self.summary_delay_ms:
+                await asyncio.sleep(self.summary_delay_ms / 1000)
+            async for event in self._summary(request, size):
+                yield event
+            return
         last = request.messages[-1] if request.messages else None
         results = [b for b in (last.blocks if last else ()) if b.get("type") == "tool_result"]
         user_messages = [m for m in request.messages if m.role == "user" and m.text]
@@ -67,6 +120,10 @@ class ScriptedProvider:
             script: dict[str, Any] = {"text": "Tool results: " + json.dumps(summary)}
         else:
             script = self._script(latest, [m.text for m in user_messages[:-1]])
+            if script.get("echo_notes"):
+                script["text"] = request.notes or "(no notes)"
+            elif _SUMMARY_MARK in request.soul and "text" in script and "deltas" not in script:
+                script["text"] = f"{script['text']} [summary in context]"
         delay = float(script.get("delay_ms", 0)) / 1000
         index = 0
         output_tokens = 0
@@ -114,10 +171,22 @@ class ScriptedProvider:
             yield ToolInputChunk(index, json.dumps(call.get("input", {})))
             yield BlockStop(index)
 
-        input_tokens = sum(_count_tokens(m.text) for m in request.messages)
-        input_tokens += _count_tokens(request.system)
-        yield UsageReport(input_tokens=input_tokens, output_tokens=output_tokens)
+        yield UsageReport(input_tokens=size, output_tokens=output_tokens)
         yield Finish("tool_use" if calls else str(script.get("stop_reason", "end_turn")))
+
+    @staticmethod
+    async def _summary(request: ModelRequest, size: int) -> AsyncIterator[ModelEvent]:
+        prompt = request.messages[-1].text if request.messages else ""
+        users = re.findall(r"^User: (.{0,60})", prompt, flags=re.MULTILINE)
+        text = f"Summary of {prompt.count(chr(10) + chr(10))} entries. The user said: " + "; ".join(
+            users
+        )
+        text = text[: request.max_tokens * 4]
+        yield BlockStart(0, "text")
+        yield TextChunk(0, text)
+        yield BlockStop(0)
+        yield UsageReport(input_tokens=size, output_tokens=len(text) // 4)
+        yield Finish("end_turn")
 
     @staticmethod
     def _script(latest: str, earlier: list[str]) -> dict[str, Any]:

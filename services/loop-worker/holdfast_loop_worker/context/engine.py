@@ -1,0 +1,276 @@
+"""The context engine as the turn uses it: one request per model call, fitted.
+
+:class:`ContextEngine` is built once per worker. For each model call the turn
+asks it for a request (:meth:`ContextEngine.prepare`): it reads the task's
+messages and its latest summary, the soul and the memories relevant to the
+turn's message, assembles the sections (``assembly.py``) and, when the
+estimate passes the threshold, compacts first (``compaction.py``) and
+announces it with ``compaction_event``. The turn calls ``prepare`` again with
+``harder=True`` when a provider still answers that the context is too long.
+
+It also keeps the task's working memory for the turn: loaded when a turn
+starts (Redis, else what the last turn left in PostgreSQL), re-published
+when a turn is taken over, changed by the ``working_memory`` tool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from holdfast_shared.conversation import ChatMessage, load_history
+from holdfast_shared.events import CompactionEvent, WorkingMemoryUpdate, _Event
+from holdfast_shared.jobs import ToolOutcome
+from holdfast_shared.tools import ToolSpec
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from holdfast_loop_worker.context import compaction, tokens
+from holdfast_loop_worker.context.assembly import Assembled, Sections, Summary, assemble
+from holdfast_loop_worker.context.compaction import Summaries
+from holdfast_loop_worker.context.memory import MemorySource
+from holdfast_loop_worker.context.working_memory import WorkingMemoryStore, parse_change
+from holdfast_loop_worker.providers import ModelChoice, ProviderRegistry
+from holdfast_loop_worker.state import TurnState
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[_Event], Awaitable[None]]
+
+# Memories retrieved per call, at most.
+_RETRIEVED = 8
+# After a compaction the context is aimed at this share of the threshold (a
+# harder one at half of it), so the next turns have room before the next one.
+_AFTER_SHARE = 0.5
+# The longest summary asked for.
+_SUMMARY_MAX_TOKENS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSettings:
+    window: int | None  # HOLDFAST_CONTEXT_WINDOW; None: the model's known window
+    threshold: float  # HOLDFAST_COMPACTION_THRESHOLD
+    compaction_model: str | None  # HOLDFAST_COMPACTION_MODEL; None: the turn's model
+    tool_result_chars: int  # HOLDFAST_TOOL_RESULT_CONTEXT_CHARS
+    max_output_tokens: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TurnScope:
+    """The turn a request is for."""
+
+    tenant_id: str
+    task_id: str
+    turn_id: str
+    # Messages of this turn from this position on were stored by a step that
+    # was cut off; they are not part of the context.
+    position: int
+
+
+def check_fits(
+    settings: ContextSettings, model: str, system_prompt: str, tools: Sequence[ToolSpec]
+) -> None:
+    """Refuse (ValueError) a window that cannot hold even the fixed sections:
+    a worker with such settings stops at start instead of failing every turn."""
+    fixed = tokens.text_tokens(system_prompt) + tokens.tools_tokens(tools)
+    window = tokens.context_window(model, settings.window)
+    if fixed + settings.max_output_tokens // 4 >= window * settings.threshold:
+        raise ValueError(
+            f"the context window of {model} ({window} tokens) is too small: the system "
+            f"prompt and tool definitions alone take ~{fixed} tokens, over "
+            f"HOLDFAST_COMPACTION_THRESHOLD ({settings.threshold}) of it"
+        )
+
+
+class ContextEngine:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        providers: ProviderRegistry,
+        memory: MemorySource,
+        working: WorkingMemoryStore,
+        settings: ContextSettings,
+    ) -> None:
+        self.sessions = sessions
+        self.providers = providers
+        self.memory = memory
+        self.working = working
+        self.summaries = Summaries(sessions)
+        self.settings = settings
+
+    def window(self, model: str) -> int:
+        return tokens.context_window(model, self.settings.window)
+
+    # -- a turn's working memory -----------------------------------------------
+    async def begin_turn(
+        self,
+        task_id: str,
+        state: TurnState,
+        *,
+        resumed: bool,
+        stored: Mapping[str, Any] | None,
+        calibration: float | None,
+    ) -> None:
+        """Put the task's working memory and calibration into ``state``.
+
+        A turn resumed from a snapshot has both already; its working memory is
+        published again, since the worker it came from may have died between
+        changing it and publishing it.
+        """
+        if resumed:
+            await self.working.replace(task_id, state.working_memory)
+            return
+        live = await self.working.load(task_id)
+        if live is None and stored:
+            live = {str(k): str(v) for k, v in stored.items()}
+            await self.working.replace(task_id, live)
+        state.working_memory = live or {}
+        state.calibration = calibration or 1.0
+
+    async def working_memory_call(
+        self, task_id: str, state: TurnState, tool_input: Mapping[str, Any], emit: Emit
+    ) -> ToolOutcome:
+        """Run one ``working_memory`` tool call against the turn's state."""
+        change = parse_change(tool_input, state.working_memory)
+        if isinstance(change, str):
+            return ToolOutcome(error=change)
+        if change.value is None:
+            existed = state.working_memory.pop(change.key, None) is not None
+        else:
+            existed = True
+            state.working_memory[change.key] = change.value
+        await self.working.apply(task_id, change)
+        await emit(WorkingMemoryUpdate(key=change.key, value=change.value))
+        if change.value is None and not existed:
+            return ToolOutcome(output={"deleted": change.key, "note": "there was no such key"})
+        if change.value is None:
+            return ToolOutcome(output={"deleted": change.key})
+        return ToolOutcome(output={"set": change.key})
+
+    # -- the request of one model call -------------------------------------------
+    async def prepare(
+        self,
+        scope: TurnScope,
+        state: TurnState,
+        choice: ModelChoice,
+        *,
+        system_prompt: str,
+        tools: Sequence[ToolSpec],
+        emit: Emit,
+        harder: bool = False,
+    ) -> Assembled:
+        """The request for the turn's next model call, compacted first when it
+        would pass the threshold (or, ``harder``, in any case and further)."""
+        async with self.sessions() as session:
+            history = await load_history(
+                session, scope.task_id, cutoff=(scope.turn_id, scope.position)
+            )
+            summary = await Summaries.latest(session, scope.task_id)
+        query = _turn_message(history, scope.turn_id)
+        soul = await self.memory.soul(scope.tenant_id)
+        retrieved = await self.memory.retrieve(scope.tenant_id, scope.task_id, query, _RETRIEVED)
+        sections = Sections(
+            system_prompt=system_prompt,
+            soul=soul,
+            history=history,
+            summary=summary,
+            working_memory=state.working_memory,
+            retrieved=retrieved,
+            tools=tools,
+        )
+        assembled = self._assemble(sections, choice, scope)
+        window = self.window(choice.model)
+        limit = window * self.settings.threshold
+        before = tokens.calibrated(assembled.tokens, state.calibration)
+        if before <= limit and not harder:
+            return assembled
+        target = limit * _AFTER_SHARE * (0.5 if harder else 1.0)
+        summary_budget = min(_SUMMARY_MAX_TOKENS, window // 8)
+        keep = (target - tokens.calibrated(assembled.fixed_tokens, state.calibration)) / max(
+            state.calibration, 0.25
+        ) - summary_budget
+        cut = compaction.plan(
+            assembled.view,
+            keep_tokens=max(0, int(keep)),
+            summarized_through=summary.last_message_id if summary else 0,
+        )
+        if cut is None:
+            log.warning(
+                "turn %s: the context (~%d tokens) is over the threshold but nothing can "
+                "be summarized",
+                scope.turn_id,
+                before,
+            )
+            return assembled
+        found = await self.summaries.find(scope.task_id, cut.last_message_id)
+        if found is not None:
+            # Made before this worker took the turn over: one summary per range.
+            return self._assemble(replace(sections, summary=found), choice, scope)
+        made = await self._summarize(state, choice, cut, summary, window, summary_budget)
+        compacted = self._assemble(replace(sections, summary=made), choice, scope)
+        after = tokens.calibrated(compacted.tokens, state.calibration)
+        summary_tokens = tokens.calibrated(tokens.text_tokens(made.text), state.calibration)
+        kept, created = await self.summaries.store(
+            scope.task_id,
+            made,
+            summarized_messages=len(cut.messages),
+            summary_tokens=summary_tokens,
+            tokens_before=before,
+            tokens_after=after,
+            model=self._writer(choice).model,
+        )
+        if not created:
+            return self._assemble(replace(sections, summary=kept), choice, scope)
+        await emit(
+            CompactionEvent(
+                summarized_messages=len(cut.messages),
+                summary_tokens=summary_tokens,
+                tokens_before=before,
+                tokens_after=after,
+            )
+        )
+        return compacted
+
+    def _assemble(self, sections: Sections, choice: ModelChoice, scope: TurnScope) -> Assembled:
+        return assemble(
+            sections,
+            model=choice.model,
+            provider=choice.provider.name,
+            cache_key=f"{scope.tenant_id}:{scope.task_id}",
+            max_tokens=self.settings.max_output_tokens,
+            tool_result_chars=self.settings.tool_result_chars,
+        )
+
+    def _writer(self, choice: ModelChoice) -> ModelChoice:
+        spec = self.settings.compaction_model
+        return self.providers.resolve(spec) if spec else choice
+
+    async def _summarize(
+        self,
+        state: TurnState,
+        choice: ModelChoice,
+        cut: compaction.Plan,
+        previous: Summary | None,
+        window: int,
+        summary_budget: int,
+    ) -> Summary:
+        writer = self._writer(choice)
+        made = await compaction.summarize(
+            writer.provider,
+            writer.model,
+            previous.text if previous else None,
+            cut.messages,
+            window=min(window, self.window(writer.model)),
+            max_tokens=summary_budget,
+        )
+        state.add_usage(made.usage)
+        return Summary(cut.last_message_id, made.text)
+
+
+def _turn_message(history: Sequence[ChatMessage], turn_id: str) -> str:
+    """The text of the message that opened the turn: what memories are looked up by."""
+    for message in history:
+        if message.turn_id == turn_id and message.role == "user" and message.position == 0:
+            return message.text
+    return ""
