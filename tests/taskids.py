@@ -13,12 +13,21 @@ TENANTS = {"main": "tenant-main", "other": "tenant-other"}
 
 
 async def engine_task_id(
-    sessions: async_sessionmaker[AsyncSession], name: str, tenant: str = "main"
+    sessions: async_sessionmaker[AsyncSession],
+    name: str,
+    tenant: str = "main",
+    *,
+    wait: float = 0.0,
 ) -> str:
-    async with sessions() as session:
-        task = await find_task(session, TENANTS[tenant], name)
-    assert task is not None, f"no task {name!r} for tenant {tenant!r}"
-    return task.id
+    """The engine's id of the tenant's task ``name`` (waiting up to ``wait``
+    seconds for a task a request in flight is creating)."""
+    for _ in range(max(1, int(wait / 0.05))):
+        async with sessions() as session:
+            task = await find_task(session, TENANTS[tenant], name)
+        if task is not None:
+            return task.id
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no task {name!r} for tenant {tenant!r}")
 
 
 async def workspace_of(

@@ -57,6 +57,7 @@ def small_window(
         SCRIPTED_CONTEXT_WINDOW=str(WINDOW),
         SCRIPTED_SUMMARY_DELAY_MS="1500",
         HOLDFAST_LEASE_SECONDS="2",
+        HOLDFAST_TOOL_PERMISSIONS=json.dumps({"*": {"bash": "allow"}}),
         HOLDFAST_WORKSPACE_ROOT=str(tmp_path_factory.mktemp("ctx-workspaces")),
     )
     with running_engine(env, workers=2, runners=1) as procs:
@@ -263,3 +264,43 @@ def test_bad_context_settings_stop_the_worker_at_start(
     )
     assert done.returncode != 0
     assert said in done.stdout + done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_working_memory_survives_a_takeover(
+    small_window: EngineProcesses,
+    api_keys: dict[str, str],
+    sessions: Any,
+    redis: Redis,
+    redis_prefix: str,
+) -> None:
+    key = api_keys["main"]
+    task_id = f"wm-takeover-{secrets.token_hex(3)}"
+    message = script(
+        tool_calls=[
+            {"name": "working_memory", "input": {"action": "set", "key": "plan", "value": "B"}},
+            {"name": "bash", "input": {"command": "sleep 3; echo slept"}},
+        ]
+    )
+    async with httpx.AsyncClient(timeout=60) as client:
+        live = asyncio.create_task(
+            execute(client, small_window.url, key, {"message": message, "task_id": task_id})
+        )
+        engine_id = await engine_task_id(sessions, task_id, wait=10)
+        wm_key = Keys(f"{redis_prefix}ctx:").working_memory(engine_id)
+        for _ in range(200):  # the note is set; the bash call is running
+            if await redis.exists(wm_key):
+                break
+            await asyncio.sleep(0.02)
+        os.kill(await _worker_running(small_window, sessions, engine_id), signal.SIGKILL)
+        # The live copy is lost too: only the turn's snapshot still has the note.
+        await redis.delete(wm_key)
+        got = await asyncio.wait_for(live, 60)
+        assert got.events[-1]["phase"] == "completed" and "turn_resumed" in got.types
+        assert await redis.hget(wm_key, "plan") == "B", "the resumed turn published it again"
+        shown = await execute(
+            client, small_window.url, key, {"message": script(echo_notes=True), "task_id": task_id}
+        )
+    assert "plan: B" in shown.text
+    small_window.start_worker()
