@@ -130,4 +130,6 @@ async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncS
 async def eventlog(
     redis: Redis, sessions: async_sessionmaker[AsyncSession], redis_prefix: str
 ) -> EventLog:
-    return EventLog(redis, sessions, Keys(redis_prefix), hot_ttl_seconds=10800)
+    # A prefix no engine process of the session uses: their archivers would
+    # otherwise archive these tests' logs between the steps the tests control.
+    return EventLog(redis, sessions, Keys(f"{redis_prefix}eventlog:"), hot_ttl_seconds=10800)

@@ -230,7 +230,12 @@ async def test_parked_question_survives_a_full_restart(
     events = first.events + rest.events
     assert_whole(events)
     types = [e["type"] for e in rest.events]
-    assert types[:2] == ["turn_resumed", "hitl_resolved"]
+    # A worker killed right after parking, before it acknowledged the job, has
+    # its job taken over too: that resume finds the question still open and
+    # parks again (one more turn_resumed, no second question).
+    first_other = next(i for i, t in enumerate(types) if t != "turn_resumed")
+    assert first_other >= 1 and types[first_other] == "hitl_resolved", types
+    assert [e["type"] for e in events].count("hitl_request") == 1
     assert next(e for e in rest.events if e["type"] == "tool_result")["output"]["stdout"] == (
         "answered\n"
     )

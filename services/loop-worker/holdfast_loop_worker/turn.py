@@ -170,8 +170,8 @@ class TurnRunner:
         # What the task's last turn left (tasks row), for a turn that starts fresh.
         self._stored_memory: dict[str, Any] | None = None
         self._stored_calibration: float | None = None
-        # The current model call: its request's estimated size and the prompt
-        # size the provider reported (calibration).
+        # The prompt size the provider reported for the current model call
+        # (context calibration: set against the request's own estimate).
         self._prompt_tokens = 0
         # The usage totals last sent as an event by this worker.
         self._reported_usage: dict[str, int] | None = None
