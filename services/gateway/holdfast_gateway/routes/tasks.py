@@ -3,8 +3,7 @@ working memory."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Annotated, Any, cast
+from typing import Annotated
 
 from fastapi import APIRouter, Path
 from holdfast_shared.db.models import (
@@ -17,6 +16,7 @@ from holdfast_shared.db.models import (
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import WorkspaceRemoval
+from holdfast_shared.working_memory import live_working_memory, stored_working_memory
 from pydantic import BaseModel
 from sqlalchemy import delete, select
 
@@ -79,13 +79,9 @@ async def working_memory(
 ) -> WorkingMemory:
     task = await require_task(state, tenant, task_id)
     # The live copy while the task is active; what its last turn left after that.
-    live = await cast(
-        "Awaitable[dict[Any, Any]]", state.redis.hgetall(state.keys.working_memory(task.id))
-    )
-    if live:
-        memory = {str(k): str(v) for k, v in live.items()}
-    else:
+    memory = await live_working_memory(state.redis, state.keys, task.id)
+    if memory is None:
         async with state.sessions() as session:
             stored = await session.scalar(select(Task.working_memory).where(Task.id == task.id))
-        memory = {str(k): str(v) for k, v in (stored or {}).items()}
+        memory = stored_working_memory(stored)
     return WorkingMemory(task_id=task.name, working_memory=memory)

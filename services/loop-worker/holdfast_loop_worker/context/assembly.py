@@ -83,13 +83,14 @@ def visible(history: Sequence[ChatMessage], summary: Summary | None) -> list[Cha
         return list(history)
     kept = [m for m in history if m.id > summary.last_message_id]
     if kept and kept[0].role == "assistant":
-        opener = _turn_opener(history, kept[0].turn_id)
+        opener = turn_opener(history, kept[0].turn_id)
         if opener is not None:
             kept.insert(0, opener)
     return kept
 
 
-def _turn_opener(history: Sequence[ChatMessage], turn_id: str) -> ChatMessage | None:
+def turn_opener(history: Sequence[ChatMessage], turn_id: str) -> ChatMessage | None:
+    """The user message that opened the turn ``turn_id``."""
     for message in history:
         if message.turn_id == turn_id and message.role == "user" and message.position == 0:
             return message

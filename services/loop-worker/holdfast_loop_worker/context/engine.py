@@ -20,14 +20,21 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from holdfast_shared.conversation import ChatMessage, load_history
+from holdfast_shared.conversation import load_history
 from holdfast_shared.events import CompactionEvent, WorkingMemoryUpdate, _Event
 from holdfast_shared.jobs import ToolOutcome
 from holdfast_shared.tools import ToolSpec
+from holdfast_shared.working_memory import stored_working_memory
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.context import compaction, tokens
-from holdfast_loop_worker.context.assembly import Assembled, Sections, Summary, assemble
+from holdfast_loop_worker.context.assembly import (
+    Assembled,
+    Sections,
+    Summary,
+    assemble,
+    turn_opener,
+)
 from holdfast_loop_worker.context.compaction import Summaries
 from holdfast_loop_worker.context.memory import MemorySource
 from holdfast_loop_worker.context.working_memory import WorkingMemoryStore, parse_change
@@ -123,7 +130,7 @@ class ContextEngine:
             return
         live = await self.working.load(task_id)
         if live is None and stored:
-            live = {str(k): str(v) for k, v in stored.items()}
+            live = stored_working_memory(stored)
             await self.working.replace(task_id, live)
         state.working_memory = live or {}
         state.calibration = calibration or 1.0
@@ -167,7 +174,9 @@ class ContextEngine:
                 session, scope.task_id, cutoff=(scope.turn_id, scope.position)
             )
             summary = await Summaries.latest(session, scope.task_id)
-        query = _turn_message(history, scope.turn_id)
+        # Memories are looked up by the message that opened the turn.
+        opener = turn_opener(history, scope.turn_id)
+        query = opener.text if opener is not None else ""
         soul = await self.memory.soul(scope.tenant_id)
         retrieved = await self.memory.retrieve(scope.tenant_id, scope.task_id, query, _RETRIEVED)
         sections = Sections(
@@ -266,11 +275,3 @@ class ContextEngine:
         )
         state.add_usage(made.usage)
         return Summary(cut.last_message_id, made.text)
-
-
-def _turn_message(history: Sequence[ChatMessage], turn_id: str) -> str:
-    """The text of the message that opened the turn: what memories are looked up by."""
-    for message in history:
-        if message.turn_id == turn_id and message.role == "user" and message.position == 0:
-            return message.text
-    return ""

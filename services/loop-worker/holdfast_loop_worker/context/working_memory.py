@@ -16,11 +16,12 @@ section on every call, and each change is announced as a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from holdfast_shared.keys import Keys
+from holdfast_shared.working_memory import live_working_memory
 from redis.asyncio import Redis
 
 MAX_KEYS = 100
@@ -72,11 +73,7 @@ class WorkingMemoryStore:
 
     async def load(self, task_id: str) -> dict[str, str] | None:
         """The live copy; None when there is none (never written, or expired)."""
-        # redis-py types hash commands as sync-or-async; on this client they are async.
-        found = await cast(
-            "Awaitable[dict[Any, Any]]", self.redis.hgetall(self.keys.working_memory(task_id))
-        )
-        return {str(k): str(v) for k, v in found.items()} if found else None
+        return await live_working_memory(self.redis, self.keys, task_id)
 
     async def apply(self, task_id: str, change: Change) -> None:
         key = self.keys.working_memory(task_id)
