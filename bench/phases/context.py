@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 from holdfast_loop_worker.context import compaction
 from holdfast_loop_worker.context.assembly import Sections, Summary, assemble, visible
-from holdfast_loop_worker.providers.scripted import ScriptedProvider
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.scripted import ScriptedProvider
 from holdfast_shared.tools import BUILTIN_TOOLS
 
 from bench.context import Context

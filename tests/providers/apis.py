@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 import pytest
 from holdfast_loop_worker.blocks import assemble
-from holdfast_loop_worker.providers.anthropic import AnthropicProvider
-from holdfast_loop_worker.providers.base import ModelEvent, ModelRequest
-from holdfast_loop_worker.providers.gemini import GeminiProvider
-from holdfast_loop_worker.providers.openai import OpenAIProvider
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.anthropic import AnthropicProvider
+from holdfast_shared.providers.base import ModelEvent, ModelRequest
+from holdfast_shared.providers.gemini import GeminiProvider
+from holdfast_shared.providers.openai import OpenAIProvider
 
 from tests.providers import fake_anthropic, fake_gemini, fake_openai
 from tests.providers.wire import Reply, WireServer

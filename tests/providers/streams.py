@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from holdfast_loop_worker.providers.base import ModelEvent, ProviderError, ToolSpec
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.base import ModelEvent, ProviderError, ToolSpec
 
 SYSTEM = "You are Holdfast's test agent."
 WEATHER = ToolSpec(

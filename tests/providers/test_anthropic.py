@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 from holdfast_loop_worker.blocks import assemble
-from holdfast_loop_worker.providers.anthropic import (
+from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.anthropic import (
     AnthropicProvider,
     from_env,
 )
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     Finish,
@@ -25,8 +26,7 @@ from holdfast_loop_worker.providers.base import (
     ToolSpec,
     UsageReport,
 )
-from holdfast_loop_worker.providers.retry import StreamInterrupted, stream_with_retries
-from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.retry import StreamInterrupted, stream_with_retries
 
 from tests.providers import fake_anthropic as fake
 from tests.providers.streams import CLOCK, SYSTEM, WEATHER, collect, collect_until_error, user

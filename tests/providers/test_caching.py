@@ -16,9 +16,9 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
-from holdfast_loop_worker.providers.base import ModelRequest
 from holdfast_loop_worker.turn import SYSTEM_PROMPT
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.base import ModelRequest
 from holdfast_shared.tools import BUILTIN_TOOLS
 
 from tests.providers import fake_anthropic

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from holdfast_loop_worker.blocks import assemble
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     Finish,
@@ -22,9 +23,8 @@ from holdfast_loop_worker.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
-from holdfast_loop_worker.providers.gemini import GeminiProvider, from_env
-from holdfast_loop_worker.providers.retry import StreamInterrupted, stream_with_retries
-from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.gemini import GeminiProvider, from_env
+from holdfast_shared.providers.retry import StreamInterrupted, stream_with_retries
 
 from tests.providers import fake_gemini as fake
 from tests.providers.streams import SYSTEM, WEATHER, collect, user

@@ -12,9 +12,9 @@ import base64
 from typing import Any
 
 import pytest
-from holdfast_loop_worker.providers.base import ModelRequest, ProviderError
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.media import unsupported_media
+from holdfast_shared.providers.base import ModelRequest, ProviderError
 
 from tests.providers.apis import ANTHROPIC, GEMINI, OPENAI, Api, each_api
 from tests.providers.streams import SYSTEM, collect, user

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from holdfast_loop_worker.blocks import assemble
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     Finish,
@@ -21,14 +22,13 @@ from holdfast_loop_worker.providers.base import (
     ToolSpec,
     UsageReport,
 )
-from holdfast_loop_worker.providers.openai import (
+from holdfast_shared.providers.openai import (
     OpenAIProvider,
     default_max_tokens_param,
     from_env,
     parse_retry_after,
 )
-from holdfast_loop_worker.providers.retry import StreamInterrupted, stream_with_retries
-from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.retry import StreamInterrupted, stream_with_retries
 
 from tests.providers import fake_openai as fake
 from tests.providers.streams import CLOCK, SYSTEM, WEATHER, collect, collect_until_error, user

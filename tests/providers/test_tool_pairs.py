@@ -16,9 +16,9 @@ import openai
 import pytest
 from google import genai
 from google.genai import errors, types
-from holdfast_loop_worker.providers.base import ModelRequest
-from holdfast_loop_worker.providers.toolpairs import NOT_RUN, paired
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.base import ModelRequest
+from holdfast_shared.providers.toolpairs import NOT_RUN, paired
 
 from tests.providers import fake_anthropic, fake_gemini
 from tests.providers.apis import Api, each_api

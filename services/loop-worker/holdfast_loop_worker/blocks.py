@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     ModelEvent,

@@ -33,6 +33,7 @@ from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
 from holdfast_shared.logs import configure_logging
+from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.tools import BUILTIN_TOOLS
@@ -47,7 +48,6 @@ from holdfast_loop_worker.context.working_memory import WorkingMemoryStore
 from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
 from holdfast_loop_worker.lease import Leases
-from holdfast_loop_worker.providers import ProviderRegistry
 from holdfast_loop_worker.recovery import queue_resume, requeue_stale, requeue_unfinished
 from holdfast_loop_worker.state import Snapshots
 from holdfast_loop_worker.toolcalls import ToolCaller

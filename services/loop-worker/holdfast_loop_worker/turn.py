@@ -62,6 +62,21 @@ from holdfast_shared.events import (
 )
 from holdfast_shared.jobs import ToolOutcome, TurnJob
 from holdfast_shared.keys import Keys
+from holdfast_shared.providers import (
+    BlockStart,
+    BlockStop,
+    Finish,
+    ModelChoice,
+    ModelEvent,
+    ProviderError,
+    ProviderRegistry,
+    TextChunk,
+    ThinkingChunk,
+    ToolInputChunk,
+    UnknownModel,
+    UsageReport,
+)
+from holdfast_shared.providers.retry import stream_with_retries
 from holdfast_shared.tools import ASK_USER, BUILTIN_TOOLS, WORKING_MEMORY
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
@@ -76,21 +91,6 @@ from holdfast_loop_worker.context.tokens import recalibrate
 from holdfast_loop_worker.emitter import Emitter
 from holdfast_loop_worker.hitl import Answer, HumanChannel
 from holdfast_loop_worker.lease import Leases
-from holdfast_loop_worker.providers import (
-    BlockStart,
-    BlockStop,
-    Finish,
-    ModelChoice,
-    ModelEvent,
-    ProviderError,
-    ProviderRegistry,
-    TextChunk,
-    ThinkingChunk,
-    ToolInputChunk,
-    UnknownModel,
-    UsageReport,
-)
-from holdfast_loop_worker.providers.retry import stream_with_retries
 from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller, preview

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holdfast_shared.conversation import ChatMessage, for_provider
+from holdfast_shared.providers.base import ModelRequest
 from holdfast_shared.tools import ToolSpec
 
 from holdfast_loop_worker.context import tokens
 from holdfast_loop_worker.context.working_memory import render as render_working_memory
-from holdfast_loop_worker.providers.base import ModelRequest
 
 SUMMARY_HEADING = (
     "# Earlier in this task\n"

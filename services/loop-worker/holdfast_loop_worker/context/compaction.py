@@ -32,20 +32,20 @@ from typing import Any
 
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.db.models import ContextSummary
-from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
-from holdfast_loop_worker.context import tokens
-from holdfast_loop_worker.context.assembly import Summary, message_tokens
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers.base import (
     ModelRequest,
     Provider,
     ProviderError,
     TextChunk,
     UsageReport,
 )
-from holdfast_loop_worker.providers.retry import stream_with_retries
+from holdfast_shared.providers.retry import stream_with_retries
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from holdfast_loop_worker.context import tokens
+from holdfast_loop_worker.context.assembly import Summary, message_tokens
 
 SUMMARY_PROMPT = (
     "You compress the history of a conversation between a user and an AI agent that uses "

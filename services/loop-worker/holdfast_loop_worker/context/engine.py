@@ -23,6 +23,7 @@ from typing import Any
 from holdfast_shared.conversation import load_history
 from holdfast_shared.events import CompactionEvent, WorkingMemoryUpdate, _Event
 from holdfast_shared.jobs import ToolOutcome
+from holdfast_shared.providers import ModelChoice, ProviderRegistry
 from holdfast_shared.tools import ToolSpec
 from holdfast_shared.working_memory import stored_working_memory
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -38,7 +39,6 @@ from holdfast_loop_worker.context.assembly import (
 from holdfast_loop_worker.context.compaction import Summaries
 from holdfast_loop_worker.context.memory import MemorySource
 from holdfast_loop_worker.context.working_memory import WorkingMemoryStore, parse_change
-from holdfast_loop_worker.providers import ModelChoice, ProviderRegistry
 from holdfast_loop_worker.state import TurnState
 
 log = logging.getLogger(__name__)

@@ -44,11 +44,11 @@ from typing import Any, cast
 
 from google import genai
 from google.genai import errors, types
+
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
-
-from holdfast_loop_worker.providers import media
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers import media
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     BlockType,
@@ -61,7 +61,7 @@ from holdfast_loop_worker.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
-from holdfast_loop_worker.providers.toolpairs import paired
+from holdfast_shared.providers.toolpairs import paired
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 BASE_URL_VARIABLE = "HOLDFAST_GEMINI_BASE_URL"

@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from holdfast_shared.modelspec import DEFAULT_MODELS, parse_model_spec
-
-from holdfast_loop_worker.providers.base import Provider
-from holdfast_loop_worker.providers.scripted import ScriptedProvider
+from holdfast_shared.providers.base import Provider
+from holdfast_shared.providers.scripted import ScriptedProvider
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +49,7 @@ class ProviderRegistry:
         """
         providers: list[Provider] = [ScriptedProvider.from_env(environ)]
         for name in DEFAULT_MODELS:
-            module = importlib.import_module(f"holdfast_loop_worker.providers.{name}")
+            module = importlib.import_module(f"holdfast_shared.providers.{name}")
             provider = module.from_env(environ)
             if provider is not None:
                 providers.append(provider)

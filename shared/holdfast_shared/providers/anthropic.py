@@ -64,12 +64,12 @@ from anthropic.types import (
     ThinkingConfigParam,
     ToolParam,
 )
+
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.media import IMAGES, PDF, PLAIN_TEXT
-
-from holdfast_loop_worker.providers import media
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers import media
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     BlockType,
@@ -82,7 +82,7 @@ from holdfast_loop_worker.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
-from holdfast_loop_worker.providers.toolpairs import paired
+from holdfast_shared.providers.toolpairs import paired
 
 API_KEY_ENV = "ANTHROPIC_API_KEY"
 BASE_URL_ENV = "ANTHROPIC_BASE_URL"

@@ -19,7 +19,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers.base import (
     ModelEvent,
     ModelRequest,
     Provider,

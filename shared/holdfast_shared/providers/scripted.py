@@ -41,7 +41,7 @@ import secrets
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     Finish,

@@ -1,6 +1,6 @@
 """Model providers behind one streaming interface."""
 
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     Finish,
@@ -14,7 +14,7 @@ from holdfast_loop_worker.providers.base import (
     ToolSpec,
     UsageReport,
 )
-from holdfast_loop_worker.providers.registry import ModelChoice, ProviderRegistry, UnknownModel
+from holdfast_shared.providers.registry import ModelChoice, ProviderRegistry, UnknownModel
 
 __all__ = [
     "BlockStart",

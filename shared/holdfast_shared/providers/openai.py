@@ -51,9 +51,6 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from holdfast_shared.conversation import ChatMessage
-from holdfast_shared.errors import ErrorCode
-from holdfast_shared.media import IMAGES, OPENAI_AUDIO_FORMATS, PDF
 from openai import (
     APIConnectionError,
     APIError,
@@ -74,8 +71,11 @@ from openai.types.chat import (
 )
 from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
 
-from holdfast_loop_worker.providers import media
-from holdfast_loop_worker.providers.base import (
+from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.errors import ErrorCode
+from holdfast_shared.media import IMAGES, OPENAI_AUDIO_FORMATS, PDF
+from holdfast_shared.providers import media
+from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
     BlockType,
@@ -89,7 +89,7 @@ from holdfast_loop_worker.providers.base import (
     ToolSpec,
     UsageReport,
 )
-from holdfast_loop_worker.providers.toolpairs import paired
+from holdfast_shared.providers.toolpairs import paired
 
 API_KEY_ENV = "OPENAI_API_KEY"
 BASE_URL_ENV = "OPENAI_BASE_URL"

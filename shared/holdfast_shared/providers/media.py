@@ -16,8 +16,7 @@ from typing import Any
 
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.media import is_linked, unsupported_media
-
-from holdfast_loop_worker.providers.base import ModelRequest, ProviderError
+from holdfast_shared.providers.base import ModelRequest, ProviderError
 
 __all__ = ["data_uri", "decoded_text", "is_linked", "media_type", "require_supported"]
 
