@@ -101,7 +101,8 @@ def engine(
     workspace_root: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
-    """A gateway, a loop-worker and a tool-runner as real processes, shared by the session."""
+    """A gateway, a loop-worker, a tool-runner and the learning centre as real
+    processes, shared by the session."""
     env = engine_env(
         redis_url, database_url, redis_prefix, HOLDFAST_WORKSPACE_ROOT=str(workspace_root)
     )
@@ -109,6 +110,7 @@ def engine(
         procs.start_tool_runner()
         procs.start_worker()
         procs.start_gateway()
+        procs.start_learning()
         yield procs
 
 

@@ -16,6 +16,27 @@ class RefusedValidData(Failure):
     kind_title = "Valid data refused"
 
 
+# Names of things the tenant has not stored (an agent's skills and servers);
+# lines of a memory import that collide with the brain's rows or each other,
+# relate entities that are nowhere, or give a date-time that is no instant of
+# the years 1-9999 in UTC ("0001-01-01T00:00:00+01:00"): no schema can say so.
+_NOT_STORED = {
+    "unknown_skill",
+    "unknown_server",
+    "conflict",
+    "duplicate",
+    "unknown_entity",
+    "datetime_out_of_range",
+}
+
+
+@schemathesis.serializer("application/x-ndjson")
+def ndjson(ctx: Any, value: Any) -> bytes:
+    """``POST /memory/import``'s body: the schema's array, one item per line."""
+    items = value if isinstance(value, list) else [value]
+    return b"".join(json.dumps(item).encode() + b"\n" for item in items)
+
+
 @schemathesis.check
 def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | None:
     """Data the description allows is not refused as malformed (400, 415 or 422).
@@ -24,19 +45,29 @@ def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | No
     ``MODEL_UNAVAILABLE``, a well-formed model whose provider no running
     loop-worker serves (the test engine runs only the scripted one), and
     ``UNSUPPORTED_MEDIA``, a well-formed media item of a type the turn's
-    model cannot take (never with the scripted model, which takes any). A body
-    over ``HOLDFAST_MAX_BODY_BYTES`` is a 413, documented, and not refused
-    as malformed either.
+    model cannot take (never with the scripted model, which takes any); and
+    an agent's skill or server the tenant does not have (``INVALID_REQUEST``
+    whose every error is ``unknown_skill`` / ``unknown_server``: what exists
+    is the store's to say, not the schema's), and memory import lines that
+    collide with the brain or each other (``conflict``, ``duplicate``),
+    relate unknown entities (``unknown_entity``) or give an instant outside
+    the years 1-9999 in UTC (``datetime_out_of_range``). A body over
+    ``HOLDFAST_MAX_BODY_BYTES`` is a 413, documented, and not refused as
+    malformed either.
     """
     if case.meta is None or not case.meta.generation.mode.is_positive:
         return None
     if response.status_code not in (400, 415, 422):
         return None
     try:
-        code = json.loads(response.content).get("error")
+        body = json.loads(response.content)
+        code = body.get("error")
+        problems = {e.get("type") for e in (body.get("details") or {}).get("errors", [])}
     except (ValueError, AttributeError):
-        code = None
+        code, problems = None, set()
     if code in ("MODEL_UNAVAILABLE", "UNSUPPORTED_MEDIA"):
+        return None
+    if code == "INVALID_REQUEST" and problems and problems <= _NOT_STORED:
         return None
     raise RefusedValidData(
         operation=case.operation.label,

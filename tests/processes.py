@@ -50,6 +50,9 @@ class EngineProcesses(EngineEnvironment):
     def start_tool_runner(self) -> Process:
         return self.start("tool-runner")
 
+    def start_learning(self) -> Process:
+        return self.start("learning")
+
     def stop(self) -> None:
         self.close()
 
@@ -69,6 +72,7 @@ def running_engine(
     workers: int = 1,
     runners: int = 0,
     gateways: int = 1,
+    learners: int = 0,
     directory: Path | None = None,
 ) -> Iterator[EngineProcesses]:
     """An engine of real processes for a fixture, each one ready; closed at the end.
@@ -82,4 +86,6 @@ def running_engine(
             procs.start_worker()
         for _ in range(gateways):
             procs.start_gateway()
+        for _ in range(learners):
+            procs.start_learning()
         yield procs

@@ -591,6 +591,11 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
         ("post", "/hitl/respond"): common | {"200", "404", "409", "410", "413", "415"},
         ("delete", "/tasks/{task_id}"): common | {"200", "404", "409"},
         ("get", "/tasks/{task_id}/working-memory"): common | {"200", "404"},
+        ("get", "/agents"): common | {"200"},
+        ("post", "/agents"): common | {"201", "409", "413", "415"},
+        ("get", "/agents/{name}"): common | {"200", "404"},
+        ("put", "/agents/{name}"): common | {"200", "404", "409", "413", "415"},
+        ("delete", "/agents/{name}"): common | {"204", "404", "409"},
         ("get", "/health"): {"200", "500", "503"},
     }
     found = {

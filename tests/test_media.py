@@ -67,7 +67,8 @@ def media_engine(
         redis_url,
         database_url,
         f"{redis_prefix}media:",
-        HOLDFAST_AGENT_MODELS=f'{{"viewer": "anthropic:{fake_anthropic.MODEL}"}}',
+        # Over the agent's own preferred model (OpenAI's).
+        HOLDFAST_AGENT_MODELS=f'{{"analyst": "anthropic:{fake_anthropic.MODEL}"}}',
     )
     worker_env = {
         "ANTHROPIC_API_KEY": "sk-ant-test",
@@ -130,7 +131,7 @@ async def test_media_reach_the_model_in_its_own_format(
         # The request's model: Chat Completions gives audio to audio models only.
         ({"model": "openai:gpt-4.1"}, "audio/wav", "openai"),
         # The agent's model (HOLDFAST_AGENT_MODELS): Anthropic takes no video.
-        ({"agent": "viewer"}, "video/mp4", "anthropic"),
+        ({"agent": "analyst"}, "video/mp4", "anthropic"),
         # The worker's default, as it advertises it: Gemini takes no GIF.
         ({}, "image/gif", "gemini"),
     ],

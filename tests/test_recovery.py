@@ -23,7 +23,8 @@ from tests.taskids import workspace_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-ASKER = "asker"
+# A built-in agent (agents must exist); the operator makes its bash ask below.
+ASKER = "coder"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from bench.context import Context
-from bench.phases import context, e2e, idle, latency, providers, raw, recovery, tools
+from bench.phases import context, e2e, idle, latency, memory, providers, raw, recovery, tools
 from bench.table import Row
 
 
@@ -34,10 +34,21 @@ PHASES: dict[str, Phase] = {
     "tools": tools,
     "recovery": recovery,
     "context": context,
+    "memory": memory,
 }
 # The order they run in: the raw baseline before any engine process starts;
 # idle last whatever is asked, since it leaves 1,000 endless turns on its worker.
-RUN_ORDER = ("raw", "context", "latency", "e2e", "providers", "tools", "recovery", "idle")
+RUN_ORDER = (
+    "raw",
+    "context",
+    "latency",
+    "e2e",
+    "providers",
+    "tools",
+    "recovery",
+    "memory",
+    "idle",
+)
 # Every phase but raw and context (in process) needs the gateway.
 ENGINE_PHASES = frozenset(PHASES) - {"raw", "context"}
 

@@ -40,13 +40,20 @@ _URL_PATTERN = r"^https?://[!-~]+$"
 def _refuse_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL (\\u0000) characters")
+    # JSON may escape half a surrogate pair ("\\ud800"), which no UTF-8 (so
+    # no PostgreSQL text) can hold.
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError("must not contain lone surrogates (\\ud800-\\udfff)") from None
     return value
 
 
 Text = Annotated[
     str, AfterValidator(_refuse_nul), Field(json_schema_extra={"pattern": NO_NUL_PATTERN})
 ]
-"""A string without NUL characters; a NUL is a 422 naming the field."""
+"""A string PostgreSQL can store: no NUL, no lone surrogate; either is a 422 naming the field."""
 
 MediaKind = Literal["image", "audio", "video", "file"]
 

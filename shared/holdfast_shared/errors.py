@@ -39,6 +39,14 @@ class ErrorCode(StrEnum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     NO_RUNNING_TURN = "NO_RUNNING_TURN"
     CHANNEL_STATE_EXPIRED = "CHANNEL_STATE_EXPIRED"
+    # Agents (/agents, the agent of /execute and of a running turn).
+    AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
+    # POST /agents with a name taken, by a built-in or the tenant's own agent.
+    AGENT_EXISTS = "AGENT_EXISTS"
+    # PUT or DELETE of a built-in agent: they ship with the engine.
+    AGENT_BUILTIN = "AGENT_BUILTIN"
+    # Long-term memory (/memory): a fact the brain does not hold (also another tenant's).
+    MEMORY_NOT_FOUND = "MEMORY_NOT_FOUND"
 
 
 class HoldfastError(Exception):

@@ -105,3 +105,18 @@ class InboxMessage(_Entry):
     kind: Literal["tool_result"]
     correlation_id: str
     payload: dict[str, Any]
+
+
+class TrajectoryReady(_Entry):
+    """A turn's trajectory is in PostgreSQL (``trajectories``): appended by the
+    loop-worker to ``Keys.trajectories`` for the learning service.
+
+    Only the id travels; the record is read from PostgreSQL, so a redelivery
+    or a sweep re-announcing it learns from the same data (and learning is
+    idempotent by this id).
+    """
+
+    FIELD: ClassVar[str] = "trajectory"
+
+    trajectory_id: str
+    tenant_id: str

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 TURNS_GROUP = "loop-workers"
 TOOLS_GROUP = "tool-runners"
+LEARNING_GROUP = "learners"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,18 @@ class Keys:
     def tools(self) -> str:
         """Stream of tool calls, consumed by tool-runners through ``TOOLS_GROUP``."""
         return f"{self.prefix}tools"
+
+    @property
+    def trajectories(self) -> str:
+        """Stream of finished turns' trajectories (``TrajectoryReady``), consumed by the
+        learning service through ``LEARNING_GROUP``."""
+        return f"{self.prefix}trajectories"
+
+    @property
+    def learning_dead(self) -> str:
+        """List of trajectory ids the learning service gave up on (the dead letters),
+        newest first; the rows keep ``status = 'dead'`` and their last error."""
+        return f"{self.prefix}learning:dead"
 
     @property
     def tools_reap(self) -> str:
@@ -70,6 +83,11 @@ class Keys:
         """Present while the tool-runner ``runner_id`` lives (refreshed, short TTL); its
         sandbox probe as JSON."""
         return f"{self.prefix}runner:{runner_id}:alive"
+
+    def learner_alive(self, learner_id: str) -> str:
+        """Present while the learning process ``learner_id`` consumes trajectories
+        (refreshed, short TTL)."""
+        return f"{self.prefix}learner:{learner_id}:alive"
 
     def gateway_wake(self, gateway_id: str) -> str:
         """Stream a gateway's tailer also blocks on, so a new subscriber can wake it."""

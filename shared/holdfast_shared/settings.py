@@ -45,8 +45,8 @@ class Settings(BaseSettings):
     channel_state_ttl_hitl: int = 259200
 
     model: str | None = None
-    # Per-agent default models: {"<agent>": "provider:model"}; a request's
-    # own "model" still wins.
+    # Per-agent models: {"<agent>": "provider:model"}, over the agent's own
+    # preferred model (holdfast_shared.agents); a request's "model" still wins.
     agent_models: dict[str, str] = {}
     max_iterations: int = 25
     turn_deadline_seconds: int = 3600
@@ -55,10 +55,11 @@ class Settings(BaseSettings):
     # the rest to other workers.
     drain_seconds: float = 30.0
 
-    # Tool permissions per agent: {"<agent or *>": {"<tool>": "allow"|"ask"|"deny"}};
-    # unset tools fall back to holdfast_shared.tools.DEFAULT_PERMISSIONS.
+    # The operator's tool permissions: {"<agent or *>": {"<tool>": "allow"|"ask"|"deny"}},
+    # over the agent's own (holdfast_shared.agents), the agent's entry over "*".
     tool_permissions: dict[str, dict[str, Literal["allow", "ask", "deny"]]] = {}
-    # Agents whose tools may use the network (everyone else's sandbox has none).
+    # Agents whose tools may use the network, besides those whose definition
+    # says so (everyone else's sandbox has none).
     network_agents: list[str] = []
     tool_timeout_seconds: float = 60.0
     # How many tool calls one tool-runner process runs at once.
@@ -93,6 +94,38 @@ class Settings(BaseSettings):
     # is also kept with the task in PostgreSQL when each turn ends.
     working_memory_ttl: int = Field(default=7 * 86400, ge=60)
 
+    # Long-term memory (shared memory/, the learning service). The retrieved-memory
+    # section of each turn's context holds at most this many tokens.
+    memory_context_tokens: int = Field(default=1200, ge=0)
+    # The model that extracts episodes, facts, the social graph and the soul from
+    # trajectories (provider:model); unset: the default model.
+    learning_model: str | None = None
+    # The learning centre takes trajectories in batches of up to this many, or
+    # whatever arrived within the window.
+    learning_batch_size: int = Field(default=32, ge=1)
+    learning_batch_window_seconds: float = Field(default=0.5, gt=0)
+    # Announcements a stopped learner read but never finished are taken over
+    # by another after this long.
+    learning_claim_idle_seconds: float = Field(default=30.0, gt=0)
+    # A trajectory whose learning failed this many times goes to the dead letters.
+    learning_max_attempts: int = Field(default=5, ge=1)
+    # Raw trajectories are kept this long in PostgreSQL, then archived as
+    # compressed NDJSON (one file per day) under trajectory_archive_dir, and the
+    # archive files are deleted after trajectory_archive_days.
+    trajectory_retention_days: int = Field(default=30, ge=1)
+    trajectory_archive_days: int = Field(default=365, ge=1)
+    trajectory_archive_dir: Path | None = None
+
+    # What turns memories into vectors for similarity search next to full
+    # text (memory/embedders.py): "wordllama" (local, weights in its wheel),
+    # "hashing[@dims]" (local, pure Python), "openai:<model>[@dims]",
+    # "gemini:<model>[@dims]" (their SDKs' keys and base URLs from the
+    # environment) or "none" (full text only).
+    embedder: str = Field(
+        default="wordllama",
+        pattern=r"^(none|wordllama|hashing(@[0-9]+)?|(openai|gemini):[^@\s]+(@[0-9]+)?)$",
+    )
+
     # How many turns one loop-worker process runs at once.
     worker_concurrency: int = 64
     # The archiver copies events from Redis to PostgreSQL at this pace.
@@ -107,15 +140,26 @@ class Settings(BaseSettings):
             raise ValueError("redis_prefix must not contain '{' or '}'")
         return value
 
-    def permission(self, agent: str | None, tool: str) -> Literal["allow", "ask", "deny"]:
-        """The policy for ``tool`` under ``agent``: the agent's, then ``*``'s, then the default."""
-        from holdfast_shared.tools import DEFAULT_PERMISSIONS
-
+    def permission_override(
+        self, agent: str | None, tool: str
+    ) -> Literal["allow", "ask", "deny"] | None:
+        """The operator's rule for ``tool`` under ``agent`` (``HOLDFAST_TOOL_PERMISSIONS``:
+        the agent's entry, then ``*``'s); None leaves it to the agent's definition."""
         for scope in (agent or "*", "*"):
             rule = self.tool_permissions.get(scope, {}).get(tool)
             if rule is not None:
                 return rule
-        return DEFAULT_PERMISSIONS.get(tool, "ask")
+        return None
+
+    def permission(self, agent: str | None, tool: str) -> Literal["allow", "ask", "deny"]:
+        """The operator's rule for ``tool`` under ``agent``, else the default policy."""
+        from holdfast_shared.tools import DEFAULT_PERMISSIONS
+
+        return self.permission_override(agent, tool) or DEFAULT_PERMISSIONS.get(tool, "ask")
+
+    @property
+    def trajectory_archive(self) -> Path:
+        return self.trajectory_archive_dir or self.data_dir / "trajectory-archive"
 
     @property
     def workspaces(self) -> Path:

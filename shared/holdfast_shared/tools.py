@@ -96,6 +96,31 @@ WORKING_MEMORY = ToolSpec(
     ),
 )
 
+# Run by the loop too, against the brain's long-term memory (shared
+# memory/): what the agent learned in every task of the tenant (or end user).
+MEMORY_SEARCH = ToolSpec(
+    "memory_search",
+    "Search your long-term memory: what you learned in earlier tasks with this user "
+    "(facts, past episodes, people and organisations). Returns the best matches, best first.",
+    _schema(
+        {
+            "query": {"type": "string", "description": "What to look for, in plain words."},
+            "kind": {
+                "type": "string",
+                "enum": ["episodes", "knowledge", "social"],
+                "description": "Only this kind of memory (default: all).",
+            },
+        },
+        ["query"],
+    ),
+)
+MEMORY_SAVE = ToolSpec(
+    "memory_save",
+    "Save one fact to your long-term memory, for this and every later task with this user. "
+    'One atomic, self-contained statement (e.g. "The user\'s deploy target is Fly.io").',
+    _schema({"fact": {"type": "string", "description": "The fact, as a full sentence."}}, ["fact"]),
+)
+
 BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     BASH,
     READ_FILE,
@@ -104,12 +129,16 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     LIST_DIR,
     ASK_USER,
     WORKING_MEMORY,
+    MEMORY_SEARCH,
+    MEMORY_SAVE,
 )
 BUILTIN_BY_NAME = {tool.name: tool for tool in BUILTIN_TOOLS}
 
 DEFAULT_PERMISSIONS: dict[str, Permission] = {
     "ask_user": "allow",
     "working_memory": "allow",
+    "memory_search": "allow",
+    "memory_save": "allow",
     "read_file": "allow",
     "list_dir": "allow",
     "bash": "ask",

@@ -89,7 +89,7 @@ def tool_runner() -> None:
 
 @app.command(epilog=_EXTERNAL)
 def learning() -> None:
-    """Run the learning worker (arq): retention clean-up now, long-term memory later."""
+    """Run the learning centre (arq): trajectories into long-term memory, and retention."""
     _run_service("holdfast_learning.main")
 
 

@@ -160,11 +160,11 @@ class ChaosCluster:
         await asyncio.to_thread(self.engine.close)
 
 
-ASKER = "asker"  # the agent whose bash calls ask for permission
+ASKER = "coder"  # the (built-in) agent whose bash calls ask for permission
 
 
 def chaos_env(database_url: str, workspaces: Path, **extra: str) -> dict[str, str]:
-    """The engine environment of these tests: 2 s leases, bash allowed except for ``asker``."""
+    """The engine environment of these tests: 2 s leases, bash allowed except for ``coder``."""
     workspaces.mkdir(mode=0o700, exist_ok=True)
     return engine_env(
         "",  # none: the cluster runs its own Redis

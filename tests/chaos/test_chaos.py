@@ -10,7 +10,7 @@ call ``bash``, whose command appends the turn's unique token to the task
 workspace's ``effects.log``. Clients (``client.py``) hang up at random,
 reconnect with a seq cursor (``after_seq`` or ``Last-Event-ID``) to either
 gateway, and now and then give up on a POST before its response. The first
-turn of 4 tasks asks permission (agent ``asker``); once every prompt is out
+turn of 4 tasks asks permission (agent ``coder``); once every prompt is out
 the driver (``driver.py``) SIGKILLs every process and Redis and starts them
 again, and only then are the prompts answered.
 

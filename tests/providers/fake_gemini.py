@@ -18,10 +18,11 @@ the stream started is an ``{"error": ...}`` data event.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tests.providers.wire import SSE, Recorded, Reply
+from tests.providers.wire import SSE, Recorded, Reply, Responder
 
 MODEL = "gemini-2.5-flash"
 RESPONSE_ID = "qSwBaf2vLo3Uz7IPmqjB8Qk"
@@ -166,6 +167,67 @@ def blocked_prompt(reason: str = "PROHIBITED_CONTENT") -> Reply:
     )
 
 
+# --- embeddings ----------------------------------------------------------------
+
+EMBEDDING_MODEL = "gemini-embedding-001"
+EMBEDDING_DIMS = 3072
+# The most requests one batchEmbedContents may carry.
+MAX_BATCH_EMBED = 100
+_EMBED_PATH = re.compile(r"/v1(?:beta)?/(models/[^/:]+):(batchEmbedContents|embedContent)$")
+
+
+def _text_of(content: dict[str, Any]) -> str:
+    return "".join(part.get("text", "") for part in content.get("parts") or [])
+
+
+def embeddings(vector_of: Callable[[str, str | None], Sequence[float]]) -> Responder:
+    """``:batchEmbedContents`` and ``:embedContent`` answered as the Gemini API does.
+
+    A batch (what google-genai sends for ``models.embed_content`` on the
+    Gemini API, whatever the number of contents) is ``{"requests": [{"model":
+    "models/...", "content": {"parts": [{"text"}], "role"}, "taskType"?,
+    "outputDimensionality"?}]}`` and is answered ``{"embeddings": [{"values":
+    [...]}]}`` in order; a single ``embedContent`` is ``{"content", ...}``
+    answered ``{"embedding": {"values"}}``. ``outputDimensionality`` keeps the
+    first values without scaling them back to unit length (gemini-embedding-001
+    leaves that to the caller). ``vector_of(text, task_type)`` is the "model",
+    so a test can tell a query's vector from a document's.
+    """
+
+    def one(request: dict[str, Any]) -> dict[str, Any]:
+        values = list(vector_of(_text_of(request["content"]), request.get("taskType")))
+        wanted = request.get("outputDimensionality")
+        return {"values": values[:wanted] if wanted else values}
+
+    def answer(recorded: Recorded) -> Reply:
+        body = recorded.json
+        if recorded.path.endswith(":batchEmbedContents"):
+            return Reply(body={"embeddings": [one(r) for r in body["requests"]]})
+        return Reply(body={"embedding": one(body)})
+
+    return answer
+
+
+def _refuse_embeddings(path_model: str, body: Any) -> Reply | None:
+    requests = body.get("requests")
+    if requests is None:
+        requests = [body]
+    elif len(requests) > MAX_BATCH_EMBED:
+        return _invalid(
+            f"* BatchEmbedContentsRequest.requests: at most {MAX_BATCH_EMBED} requests "
+            "can be in one batch\n"
+        )
+    for n, request in enumerate(requests):
+        if "model" in request and request["model"] != path_model:
+            return _invalid(
+                f"Model names should match the model name in the URL. "
+                f"requests[{n}].model: {request['model']}, URL: {path_model}"
+            )
+        if not _text_of(request.get("content") or {}).strip():
+            return _invalid(f"* BatchEmbedContentsRequest.requests[{n}].content: required\n")
+    return None
+
+
 def _error(
     code: int, status: str, message: str, details: list[Any] | None = None
 ) -> dict[str, Any]:
@@ -261,11 +323,15 @@ def refuse(request: Recorded) -> Reply | None:
     As Gemini checks it: a function call turn comes right after a user turn
     or a function response turn, is followed by a turn of as many function
     responses, and a function response turn comes right after a function
-    call turn.
+    call turn. An embedding request names the URL's model in each of its
+    requests, has text to embed, and batches at most 100.
     """
-    if ":streamGenerateContent" not in request.path and ":generateContent" not in request.path:
-        return None
     if not isinstance(request.json, dict):
+        return None
+    embed = _EMBED_PATH.search(request.path)
+    if embed is not None:
+        return _refuse_embeddings(embed.group(1), request.json)
+    if ":streamGenerateContent" not in request.path and ":generateContent" not in request.path:
         return None
     contents = request.json.get("contents") or []
     previous_calls = 0

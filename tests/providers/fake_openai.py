@@ -1,4 +1,4 @@
-"""Replies in OpenAI's Chat Completions wire format, for a :class:`WireServer`.
+"""Replies in OpenAI's Chat Completions (and Embeddings) wire format, for a :class:`WireServer`.
 
 A streamed completion is data-only SSE: one ``chat.completion.chunk`` object
 per event, the choice's ``delta`` carrying ``role`` first, then ``content``
@@ -14,10 +14,13 @@ as the HTTP body or, mid-stream, as a data event of a 200 response.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import math
+import struct
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tests.providers.wire import SSE, Recorded, Reply
+from tests.providers.wire import SSE, Recorded, Reply, Responder
 
 MODEL = "gpt-4o-2024-08-06"
 COMPLETION_ID = "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG"
@@ -219,6 +222,74 @@ def ollama_parallel_tool_calls_reply(
     return Reply(events=[*events, *_ending(finish_reason, usage(30, 12))])
 
 
+# --- embeddings --------------------------------------------------------------
+
+EMBEDDING_MODELS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072}
+# The most inputs one request may carry.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def embeddings(vector_of: Callable[[str, int], Sequence[float]]) -> Responder:
+    """``POST /v1/embeddings`` answered as OpenAI does, from what was asked.
+
+    ``{"object": "list", "data": [{"object": "embedding", "index": i,
+    "embedding": ...}], "model", "usage"}``, one item per input in order.
+    ``encoding_format: "base64"`` (what the SDK asks for unless told
+    otherwise) gets each vector as the base64 of its little-endian float32s,
+    ``"float"`` (or none) as JSON numbers. ``dimensions`` shortens the
+    vector and scales it back to unit length, as text-embedding-3 does.
+    ``vector_of(text, dims)`` is the "model".
+    """
+
+    def answer(request: Recorded) -> Reply:
+        body = request.json
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        model = body["model"]
+        dims = EMBEDDING_MODELS.get(model, 768)
+        wanted = body.get("dimensions") or dims
+        data = []
+        for index, text in enumerate(inputs):
+            vector = list(vector_of(text, dims))[:wanted]
+            norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+            vector = [x / norm for x in vector]
+            embedding: Any = vector
+            if body.get("encoding_format") == "base64":
+                packed = struct.pack(f"<{len(vector)}f", *vector)
+                embedding = base64.b64encode(packed).decode()
+            data.append({"object": "embedding", "index": index, "embedding": embedding})
+        tokens = sum(len(text.split()) + 1 for text in inputs)
+        return Reply(
+            body={
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+            headers={"x-request-id": "req_embeddings", "openai-model": model},
+        )
+
+    return answer
+
+
+def _refuse_embeddings(body: Any) -> Reply | None:
+    inputs = body.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs or any(t == "" for t in inputs):
+        # What the API says to an empty string, or an empty list, as input.
+        return _invalid(
+            "'$.input' is invalid. Please check the API reference: "
+            "https://platform.openai.com/docs/api-reference.",
+            None,
+        )
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        return _invalid(
+            f"'$.input' is invalid. Array must have at most {MAX_EMBEDDING_INPUTS} items.",
+            "input",
+        )
+    return None
+
+
 # --- errors ----------------------------------------------------------------
 
 
@@ -318,14 +389,18 @@ def ended_without_finish(parts: Sequence[str]) -> Reply:
 
 
 def refuse(request: Recorded) -> Reply | None:
-    """The 400 Chat Completions answers to this request, or None.
+    """The 400 Chat Completions (or Embeddings) answers to this request, or None.
 
     As the API checks it: an assistant message with ``tool_calls`` is
     followed by one ``tool`` message per call id before any other message,
     and a ``tool`` message answers a call of the assistant message before
     its run of tool messages.
     """
-    if not request.path.endswith("/chat/completions") or not isinstance(request.json, dict):
+    if not isinstance(request.json, dict):
+        return None
+    if request.path.endswith("/embeddings"):
+        return _refuse_embeddings(request.json)
+    if not request.path.endswith("/chat/completions"):
         return None
     messages = request.json.get("messages") or []
     open_calls: list[str] = []  # calls of the last assistant message not yet answered
@@ -358,7 +433,7 @@ def _missing_responses(ids: list[str], n: int) -> Reply:
     )
 
 
-def _invalid(message: str, param: str) -> Reply:
+def _invalid(message: str, param: str | None) -> Reply:
     return Reply(
         status=400,
         body=error_body(message, "invalid_request_error", param=param),

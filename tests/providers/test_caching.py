@@ -16,7 +16,7 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
-from holdfast_loop_worker.turn import SYSTEM_PROMPT
+from holdfast_shared.agents import DEFAULT_AGENT, builtin_agents
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.providers.base import ModelRequest
 from holdfast_shared.tools import BUILTIN_TOOLS
@@ -27,6 +27,9 @@ from tests.providers.streams import SYSTEM, WEATHER, collect, user
 from tests.providers.wire import WireServer
 
 pytestmark = pytest.mark.timeout(60)
+
+# The system prompt a task's turns run with when they name no agent.
+SYSTEM_PROMPT = builtin_agents()[DEFAULT_AGENT].system_prompt
 
 # A soul as the context engine writes one: who the user is and what the
 # agent has learnt about them in earlier tasks.

@@ -1,7 +1,8 @@
 """Local HTTP servers that stand in for model providers, speaking their wire protocol.
 
 A :class:`WireServer` runs a real uvicorn server on 127.0.0.1 in a thread and
-answers every POST with the next scripted :class:`Reply`, recording each
+answers every POST with the next scripted :class:`Reply` (or the reply a
+queued :data:`Responder` computes from the request), recording each
 request (path, headers, JSON body and its raw bytes) so tests can check what
 the SDK sent. The provider-specific modules (``fake_anthropic`` …) build the
 replies: the event names, fields and ordering each real API sends. They also
@@ -72,12 +73,14 @@ class Recorded:
 
 # A request check: the error reply the real API would send, or None to go on.
 Refusal = Callable[[Recorded], Reply | None]
+# A reply computed from its request (embeddings answer what was sent).
+Responder = Callable[[Recorded], Reply]
 
 
 class WireServer:
     def __init__(self, checks: Sequence[Refusal] = ()) -> None:
         self.checks = tuple(checks)
-        self.replies: deque[Reply] = deque()
+        self.replies: deque[Reply | Responder] = deque()
         self.requests: list[Recorded] = []
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -91,7 +94,7 @@ class WireServer:
         )
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
-    def queue(self, *replies: Reply) -> None:
+    def queue(self, *replies: Reply | Responder) -> None:
         self.replies.extend(replies)
 
     def start(self) -> WireServer:
@@ -124,7 +127,8 @@ class WireServer:
                 return JSONResponse(refused.body, status_code=refused.status)
         if not self.replies:
             return JSONResponse({"error": "no scripted reply left"}, status_code=599)
-        reply = self.replies.popleft()
+        queued = self.replies.popleft()
+        reply = queued if isinstance(queued, Reply) else queued(recorded)
         if reply.events is None:
             return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
         return StreamingResponse(

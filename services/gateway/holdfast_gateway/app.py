@@ -10,6 +10,8 @@ from holdfast_shared.background import Background
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.keys import Keys
+from holdfast_shared.memory import embedders
+from holdfast_shared.memory.index import open_index
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings
 from holdfast_shared.turnlock import TurnLock
@@ -19,7 +21,17 @@ from holdfast_gateway.auth import KeyAuthenticator
 from holdfast_gateway.bodylimit import BodyLimit
 from holdfast_gateway.deps import JsonBody
 from holdfast_gateway.fanout import Hub
-from holdfast_gateway.routes import cancel, execute, health, hitl, replay, tasks
+from holdfast_gateway.routes import (
+    agents,
+    cancel,
+    execute,
+    health,
+    hitl,
+    learning,
+    memory,
+    replay,
+    tasks,
+)
 from holdfast_gateway.state import GatewayState
 
 
@@ -36,6 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
             redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active
         )
         hub = Hub(redis, keys, eventlog)
+        embedder = embedders.from_settings(settings)
         app.state.gateway = GatewayState(
             settings=settings,
             redis=redis,
@@ -50,6 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
                 failures_allowed=settings.auth_failures_allowed,
                 failure_window_seconds=settings.auth_failure_window_seconds,
             ),
+            memory_index=await open_index(engine, embedder),
         )
         try:
             async with Background() as background:
@@ -57,6 +71,8 @@ def create_app(settings: Settings) -> FastAPI:
                 yield
         finally:
             await hub.close()
+            if embedder is not None:
+                await embedder.aclose()
             await redis.aclose()
             await engine.dispose()
 
@@ -83,5 +99,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.include_router(hitl.router)
     app.include_router(tasks.router, responses=errors.responses(*errors.AUTHENTICATED, 404))
+    app.include_router(agents.router)
+    app.include_router(memory.router)
+    app.include_router(learning.router)
     app.include_router(health.router)
     return app

@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the gateway state, the caller's tenant, a JSON body."""
+"""FastAPI dependencies: the gateway state, the caller's tenant, a JSON body; and
+the look-ups of a tenant's task and agent that answer 404."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
+from holdfast_shared.agents import DEFAULT_AGENT, AgentDefinition, find_agent
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.tasks import TaskRef, find_task
 
@@ -88,3 +90,17 @@ async def require_task(state: GatewayState, tenant: str, name: str) -> TaskRef:
     if task is None:
         raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {name!r} not found")
     return task
+
+
+def agent_not_found(name: str) -> ApiError:
+    return ApiError(404, ErrorCode.AGENT_NOT_FOUND, f"agent {name!r} not found", {"agent": name})
+
+
+async def require_agent(state: GatewayState, tenant: str, name: str | None) -> AgentDefinition:
+    """The agent ``name`` (``general`` for None) as the tenant sees it, else 404
+    ``AGENT_NOT_FOUND`` — also for another tenant's agent."""
+    async with state.sessions() as session:
+        agent = await find_agent(session, tenant, name or DEFAULT_AGENT)
+    if agent is None:
+        raise agent_not_found(name or DEFAULT_AGENT)
+    return agent

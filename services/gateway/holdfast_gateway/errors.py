@@ -84,11 +84,21 @@ class ErrorBody(BaseModel):
 # What each status means, for the API description; the codes are ErrorCode values.
 _DESCRIPTIONS = {
     401: "`INVALID_KEY`: the `X-Engine-Key` header is missing or not a valid API key",
-    404: "`TASK_NOT_FOUND` (also for another tenant's task), `HITL_NOT_FOUND`",
-    409: "`TURN_IN_PROGRESS`, `HITL_REQUIRED`, `NO_RUNNING_TURN`, `HITL_ALREADY_ANSWERED`",
+    404: (
+        "`TASK_NOT_FOUND` (also for another tenant's task), `HITL_NOT_FOUND`, "
+        "`AGENT_NOT_FOUND` (also for another tenant's agent), "
+        "`MEMORY_NOT_FOUND` (a fact the brain does not hold, also another tenant's)"
+    ),
+    409: (
+        "`TURN_IN_PROGRESS`, `HITL_REQUIRED`, `NO_RUNNING_TURN`, `HITL_ALREADY_ANSWERED`, "
+        "`AGENT_EXISTS` (the name is taken), `AGENT_BUILTIN` (built-ins cannot change)"
+    ),
     410: "`HITL_EXPIRED`: the question expired or its turn ended",
     413: "`BODY_TOO_LARGE`: the body is larger than `HOLDFAST_MAX_BODY_BYTES`",
-    415: "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`",
+    415: (
+        "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json` "
+        "(`application/x-ndjson` for `/memory/import`)"
+    ),
     422: (
         "`INVALID_REQUEST` (`details.errors` names each field), `MODEL_UNAVAILABLE`, "
         "`UNSUPPORTED_MEDIA` (the turn's model cannot take a media type; `details.media_type`)"
@@ -123,6 +133,20 @@ AUTHENTICATED = (401, 422, 429, 500, 503)
 WITH_BODY = (413, 415)
 
 
+def _allowed_methods(request: Request, allow: str) -> str:
+    """The methods the API description gives the path of the route that answered 405.
+
+    Starlette's 405 lists the methods of that one route only; a path
+    served by several routes (``GET`` and ``PUT /memory/soul``) takes them
+    all. ``allow`` (Starlette's) stands for routes the description leaves out.
+    """
+    path = getattr(request.scope.get("route"), "path_format", None)
+    operations = request.app.openapi().get("paths", {}).get(path) if path else None
+    if not operations:
+        return allow
+    return ", ".join(method.upper() for method in operations)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -150,7 +174,7 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(store_error, _unavailable)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:
             # FastAPI's answer to a body it cannot decode (not UTF-8): bad
             # input like any other, so the same 422 as malformed JSON.
@@ -160,8 +184,12 @@ def install(app: FastAPI) -> None:
             )
         code = _STATUS_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
         # The headers matter: 405 carries Allow.
+        headers = exc.headers
+        if exc.status_code == 405:
+            allow = (headers or {}).get("Allow", "")
+            headers = {**(headers or {}), "Allow": _allowed_methods(request, allow)}
         return JSONResponse(
-            error_body(str(code), str(exc.detail)), exc.status_code, headers=exc.headers
+            error_body(str(code), str(exc.detail)), exc.status_code, headers=headers
         )
 
     @app.exception_handler(Exception)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.keys import Keys
+from holdfast_shared.memory.index import MemoryIndex
 from holdfast_shared.settings import Settings
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
@@ -27,4 +28,7 @@ class GatewayState:
     hub: Hub
     lock: TurnLock
     auth: KeyAuthenticator
+    # Vector search over long-term memory; None: full text alone (no pgvector,
+    # or HOLDFAST_EMBEDDER=none).
+    memory_index: MemoryIndex | None = None
     started_at: float = field(default_factory=time.monotonic)

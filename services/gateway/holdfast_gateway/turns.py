@@ -114,6 +114,7 @@ async def start_turn(
     agent: str | None,
     model: str | None,
     media: list[dict[str, Any]],
+    user_id: str = "",
 ) -> StartedTurn:
     """Start a turn of the tenant's task named ``task_id`` (a new task when
     absent or new to the tenant)."""
@@ -135,7 +136,12 @@ async def start_turn(
             locked = True
             await session.execute(
                 insert(Turn).values(
-                    id=turn_id, task_id=task.id, status="queued", agent=agent, model=model
+                    id=turn_id,
+                    task_id=task.id,
+                    status="queued",
+                    agent=agent,
+                    model=model,
+                    user_id=user_id,
                 )
             )
             await session.execute(

@@ -28,22 +28,25 @@ import signal
 import socket
 
 from holdfast_shared import workers
+from holdfast_shared.agents import builtin_agents
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
 from holdfast_shared.logs import configure_logging
+from holdfast_shared.memory import embedders
+from holdfast_shared.memory.index import open_index
+from holdfast_shared.memory.search import Searcher
 from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
-from holdfast_shared.tools import BUILTIN_TOOLS
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from holdfast_loop_worker.consumer import TurnConsumer
 from holdfast_loop_worker.context.engine import ContextEngine, ContextSettings, check_fits
-from holdfast_loop_worker.context.memory import NoMemory
+from holdfast_loop_worker.context.memory import BrainMemory
 from holdfast_loop_worker.context.working_memory import WorkingMemoryStore
 from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
@@ -51,7 +54,7 @@ from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.recovery import queue_resume, requeue_stale, requeue_unfinished
 from holdfast_loop_worker.state import Snapshots
 from holdfast_loop_worker.toolcalls import ToolCaller
-from holdfast_loop_worker.turn import SYSTEM_PROMPT, TurnContext
+from holdfast_loop_worker.turn import TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +80,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     try:
         # Settings no turn could run with stop the worker here, not mid-turn.
         default = providers.resolve(None)
-        check_fits(context_settings, default.model, SYSTEM_PROMPT, BUILTIN_TOOLS)
+        for builtin in builtin_agents().values():  # the largest one decides
+            check_fits(context_settings, default.model, builtin.system_prompt, builtin.tool_specs())
         if settings.compaction_model:
             providers.resolve(settings.compaction_model)
+        embedder = embedders.from_settings(settings)
     except ValueError as exc:
         await providers.aclose()
         raise SystemExit(f"loop-worker: invalid settings: {exc}") from None
@@ -98,10 +103,16 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     inbox = Inbox(redis, keys, worker_id)
     human = HumanChannel(sessions, ttl_seconds=settings.channel_state_ttl_hitl)
     leases = Leases(sessions, worker_id, lease_seconds=settings.lease_seconds)
+    index = await open_index(engine, embedder)
     context = ContextEngine(
         sessions,
         providers,
-        NoMemory(),
+        BrainMemory(
+            sessions,
+            Searcher(index),
+            budget_tokens=settings.memory_context_tokens,
+            index=index,
+        ),
         WorkingMemoryStore(redis, keys, ttl_seconds=settings.working_memory_ttl),
         context_settings,
     )
@@ -124,7 +135,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             keys,
             sessions,
             inbox,
-            permission=settings.permission,
+            permission=settings.permission_override,
             network_agents=frozenset(settings.network_agents),
             timeout_seconds=settings.tool_timeout_seconds,
         ),
@@ -196,6 +207,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         with contextlib.suppress(RedisError):  # Redis gone: the key lapses on its own
             await workers.withdraw(redis, keys, worker_id)
         await providers.aclose()
+        if embedder is not None:
+            await embedder.aclose()
         await redis.aclose()
         await engine.dispose()
     log.info("loop-worker stopped")

@@ -5,7 +5,8 @@ reply comes to this worker's inbox, and the ``tool_results`` row is the
 durable answer if the reply is missed (after a crash the next worker finds
 it there: a call already executed is never executed again). Policy
 decisions and permission prompts are the loop's (``turn.py``): this module
-only executes.
+only executes, and says what the policy is (:meth:`ToolCaller.policy`): the
+turn's agent's (``holdfast_shared.agents``) under the operator's overrides.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from holdfast_shared.agents import AgentDefinition
 from holdfast_shared.db.models import ToolResultRecord
 from holdfast_shared.jobs import ToolCallJob, ToolOutcome
 from holdfast_shared.keys import Keys
@@ -39,7 +41,7 @@ class CallContext:
     tenant_id: str
     task_id: str
     turn_id: str
-    agent: str | None
+    agent: AgentDefinition
 
 
 class ToolCaller:
@@ -50,7 +52,7 @@ class ToolCaller:
         sessions: async_sessionmaker[AsyncSession],
         inbox: Inbox,
         *,
-        permission: Callable[[str | None, str], str],
+        permission: Callable[[str | None, str], str | None],
         network_agents: frozenset[str],
         timeout_seconds: float,
     ) -> None:
@@ -62,11 +64,18 @@ class ToolCaller:
         self.network_agents = network_agents
         self.timeout_seconds = timeout_seconds
 
-    def policy(self, agent: str | None, tool: str) -> str:
-        """``allow``, ``ask`` or ``deny`` (unknown tools are refused outright)."""
-        if tool not in BUILTIN_BY_NAME:
+    def policy(self, agent: AgentDefinition, tool: str) -> str:
+        """``allow``, ``ask`` or ``deny``: the operator's rule for the agent
+        (``HOLDFAST_TOOL_PERMISSIONS``, via ``permission``), else the agent's own.
+        ``unknown`` for a tool that is not the agent's (refused outright)."""
+        if tool not in BUILTIN_BY_NAME or tool not in agent.tools:
             return "unknown"
-        return self.permission(agent, tool)
+        return self.permission(agent.name, tool) or agent.permission(tool)
+
+    def network(self, agent: AgentDefinition) -> bool:
+        """Whether the agent's sandbox has the network: its definition says so,
+        or the operator grants it (``HOLDFAST_NETWORK_AGENTS``)."""
+        return agent.network or agent.name in self.network_agents
 
     async def run(
         self,
@@ -98,7 +107,7 @@ class ToolCaller:
             tool=tool,
             input=tool_input,
             reply_to=self.inbox.stream,
-            network=(ctx.agent or "") in self.network_agents,
+            network=self.network(ctx.agent),
             timeout_seconds=timeout,
         )
         correlation = f"{ctx.task_id}:{tool_call_id}"

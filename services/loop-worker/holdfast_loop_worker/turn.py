@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from holdfast_shared.agents import AgentDefinition, AgentNotFound, model_for, resolve_agent
 from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
 from holdfast_shared.eventlog import EventLog, next_epoch
@@ -62,6 +63,7 @@ from holdfast_shared.events import (
 )
 from holdfast_shared.jobs import ToolOutcome, TurnJob
 from holdfast_shared.keys import Keys
+from holdfast_shared.memory import Brain
 from holdfast_shared.providers import (
     BlockStart,
     BlockStop,
@@ -77,7 +79,12 @@ from holdfast_shared.providers import (
     UsageReport,
 )
 from holdfast_shared.providers.retry import stream_with_retries
-from holdfast_shared.tools import ASK_USER, BUILTIN_TOOLS, WORKING_MEMORY
+from holdfast_shared.tools import (
+    ASK_USER,
+    MEMORY_SAVE,
+    MEMORY_SEARCH,
+    WORKING_MEMORY,
+)
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
 from sqlalchemy import select, update
@@ -94,13 +101,9 @@ from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller, preview
+from holdfast_loop_worker.trajectory import TurnEnding, announce, write_trajectory
 
 log = logging.getLogger(__name__)
-
-SYSTEM_PROMPT = (
-    "You are a helpful agent running on Holdfast. You work in a sandboxed workspace "
-    "and can use the tools you are given."
-)
 
 
 @dataclass
@@ -164,7 +167,11 @@ class TurnRunner:
         self.provider_name: str | None = None
         self.model_name: str | None = None
         self.agent = job.agent
+        # The request's model; the agent may prefer another (_drive).
         self.model = job.model
+        # Who the model is in this turn (system prompt, tools, policy, network),
+        # resolved when the turn starts or resumes (_drive).
+        self.definition: AgentDefinition | None = None
         # Stops requested from outside (cancel, hand-back): see stopping.py.
         self.stop = TurnStop()
         # What the task's last turn left (tasks row), for a turn that starts fresh.
@@ -176,6 +183,12 @@ class TurnRunner:
         # The usage totals last sent as an event by this worker.
         self._reported_usage: dict[str, int] | None = None
         self._started = time.monotonic()
+        # The end user whose brain the turn reads and feeds ("" is the tenant's).
+        self.user_id = ""
+
+    @property
+    def _brain(self) -> Brain:
+        return Brain(self.job.tenant_id, self.user_id)
 
     # -- lifecycle -------------------------------------------------------------
     async def run(self) -> str:
@@ -203,6 +216,7 @@ class TurnRunner:
             return "superseded"
 
     async def _run_claimed(self, row: Turn) -> str:
+        self.user_id = row.user_id
         snapshot = await self.ctx.snapshots.latest(self.job.turn_id)
         # A turn that never ran (its first job was lost) just starts.
         resuming = snapshot is not None or (
@@ -263,6 +277,9 @@ class TurnRunner:
             return await self._fail(exc.code, exc.message, exc.details)
         except UnknownModel as exc:
             return await self._fail(ErrorCode.UNKNOWN_MODEL, str(exc))
+        except AgentNotFound as exc:
+            # A custom agent deleted before this (resumed) turn could read it.
+            return await self._fail(exc.code, exc.message, exc.details)
         except Exception as exc:
             log.exception("turn %s failed", self.job.turn_id)
             return await self._fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
@@ -274,7 +291,18 @@ class TurnRunner:
         return "completed"
 
     async def _drive(self) -> str:
-        choice = self.ctx.providers.resolve(self.model)
+        # Read again by a worker that resumes the turn: the agent is named on
+        # the turn's row, and a custom one deleted since fails the turn here.
+        agent = await resolve_agent(self.ctx.sessions, self.job.tenant_id, self.agent)
+        self.definition = agent
+        choice = self.ctx.providers.resolve(
+            model_for(
+                agent,
+                requested=self.model,
+                overrides=self.ctx.agent_models,
+                served=self.ctx.providers.names,
+            )
+        )
         self.provider_name = choice.provider.name
         self.model_name = choice.model
         state = self.state
@@ -327,14 +355,19 @@ class TurnRunner:
 
     async def _prepare(self, choice: ModelChoice, *, harder: bool = False) -> Assembled:
         scope = TurnScope(
-            self.job.tenant_id, self.job.task_id, self.job.turn_id, self.state.position
+            self.job.tenant_id,
+            self.job.task_id,
+            self.job.turn_id,
+            self.state.position,
+            self.user_id,
         )
         return await self.ctx.context.prepare(
             scope,
             self.state,
             choice,
-            system_prompt=SYSTEM_PROMPT,
-            tools=BUILTIN_TOOLS if self.ctx.tools is not None else (),
+            system_prompt=self._agent.system_prompt,
+            # Without tool-runners, no tools at all (as _call_outcome answers).
+            tools=self._agent.tool_specs() if self.ctx.tools is not None else (),
             emit=self.emitter.emit,
             harder=harder,
         )
@@ -455,6 +488,8 @@ class TurnRunner:
         tools = self.ctx.tools
         if tools is None:
             return ToolOutcome(error="tools are not available on this engine")
+        if call.name not in self._agent.tools:
+            return ToolOutcome(error=f"unknown tool {call.name!r}")
         if call.name == ASK_USER.name:
             return await self._ask_user(call)
         if call.name == WORKING_MEMORY.name:
@@ -462,7 +497,7 @@ class TurnRunner:
                 self.job.task_id, self.state, call.input, self.emitter.emit
             )
         self.used_tools = True
-        rule = tools.policy(self.agent, call.name)
+        rule = tools.policy(self._agent, call.name)
         if rule == "unknown":
             return ToolOutcome(error=f"unknown tool {call.name!r}")
         if rule == "deny":
@@ -471,7 +506,12 @@ class TurnRunner:
             refusal = await self._permission(call)
             if refusal is not None:
                 return refusal
-        ctx = CallContext(self.job.tenant_id, self.job.task_id, self.job.turn_id, self.agent)
+        memory = self.ctx.context.memory
+        if call.name == MEMORY_SEARCH.name:
+            return await memory.search_call(self._brain, call.input)
+        if call.name == MEMORY_SAVE.name:
+            return await memory.save_call(self._brain, self.job.task_id, call.input)
+        ctx = CallContext(self.job.tenant_id, self.job.task_id, self.job.turn_id, self._agent)
         return await tools.run(ctx, call.id, call.name, call.input, recall=self.resuming)
 
     async def _permission(self, call: PendingCall) -> ToolOutcome | None:
@@ -683,7 +723,26 @@ class TurnRunner:
                 )
                 .values(status="cancelled")
             )
+            await write_trajectory(session, self._ending(status, stop_reason, last))
+        await announce(self.ctx.redis, self.ctx.keys, self.job.tenant_id, self.job.turn_id)
         await self.ctx.redis.delete(self.ctx.keys.cancel(self.job.task_id))
+
+    def _ending(self, status: str, stop_reason: str | None, last: list[Any]) -> TurnEnding:
+        error = next((e for e in last if isinstance(e, ErrorEvent)), None)
+        return TurnEnding(
+            tenant_id=self.job.tenant_id,
+            user_id=self.user_id,
+            task_id=self.job.task_id,
+            task_name=self.emitter.task_name,
+            turn_id=self.job.turn_id,
+            agent=self.definition.name if self.definition else self.agent,
+            model=f"{self.provider_name}:{self.model_name}" if self.provider_name else self.model,
+            status=status,
+            stop_reason=stop_reason,
+            error={"code": error.error, "message": error.message} if error else None,
+            usage=dict(self.state.usage),
+            active_ms=self.state.active_ms,
+        )
 
     def _final_usage(self) -> list[Usage]:
         """The turn's total before its terminal event, unless the last ``usage``
@@ -758,13 +817,14 @@ class TurnRunner:
         if row.status not in ("queued", "running", "parked"):
             return None
         self.agent = self.job.agent or row.agent
-        self.model = (
-            self.job.model
-            or row.model
-            or self.ctx.agent_models.get(self.agent or "")
-            or self.ctx.providers.default_model
-        )
+        self.model = self.job.model or row.model
         return row
+
+    @property
+    def _agent(self) -> AgentDefinition:
+        """The turn's agent, once ``_drive`` resolved it."""
+        assert self.definition is not None, "the agent is resolved when the turn is driven"
+        return self.definition
 
     def _message(self, role: str, content: dict[str, Any]) -> Insert:
         """The statement storing a message at the state's next position, which it takes;

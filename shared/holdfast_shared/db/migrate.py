@@ -23,3 +23,9 @@ def alembic_config(database_url: str) -> Config:
 def upgrade_head(database_url: str) -> None:
     """Bring the schema to the newest migration (idempotent; blocking)."""
     command.upgrade(alembic_config(database_url), "head")
+    # Then what no migration can hold: memory_vectors needs pgvector, which a
+    # plain PostgreSQL may lack. It is made where the server has it, and
+    # reported (never raised) where it has not.
+    from holdfast_shared.memory.vectors import install_blocking
+
+    install_blocking(database_url)

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Computed,
     DateTime,
     Float,
@@ -349,7 +350,7 @@ class Fact(Base):
     sources: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
     valid_from: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     valid_to: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    superseded_by: Mapped[str | None] = mapped_column(String(64))
+    superseded_by: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     tsv: Mapped[str] = mapped_column(TSVECTOR, Computed(_FTS.format("text"), persisted=True))
@@ -422,3 +423,37 @@ class SoulVersion(Base):
     source: Mapped[str] = mapped_column(String(32))
     trajectory_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+# -- agents -------------------------------------------------------------------
+
+
+class AgentRecord(Base):
+    """A tenant's custom agent (``/agents``); built-in agents are files
+    (``holdfast_shared/agents/builtin``) and never rows.
+
+    Stored as the turn will run it: ``tools`` resolved (the default set when
+    the client gave none) and ``permissions`` with a rule for each tool.
+    """
+
+    __tablename__ = "agents"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    description: Mapped[str] = mapped_column(Text)
+    system_prompt: Mapped[str] = mapped_column(Text)
+    # A preferred provider:model; None: the engine's default.
+    model: Mapped[str | None] = mapped_column(String(200))
+    tools: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
+    skills: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
+    # Asset Directory servers whose tools the agent may use.
+    servers: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
+    # {tool: "allow" | "ask" | "deny"}
+    permissions: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=sql("'{}'::jsonb"))
+    network: Mapped[bool] = mapped_column(Boolean, server_default=sql("false"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )

@@ -47,8 +47,9 @@ class ModelRequest:
     # (OpenAI's prompt_cache_key).
     cache_key: str | None = None
     # "turn": a step of the agent's turn; "summary": the context engine's
-    # compaction call (no tools, nothing streamed to the client).
-    purpose: Literal["turn", "summary"] = "turn"
+    # compaction call (no tools, nothing streamed to the client);
+    # "extraction": the learning centre reading a trajectory (one tool to call).
+    purpose: Literal["turn", "summary", "extraction"] = "turn"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,14 +15,21 @@ It goes through the same code path as a real provider. What it answers:
   or repeated ``deltas`` times when that is given (benchmarks use this);
   ``delay_ms`` pauses between deltas; ``stop_reason`` is reported as the
   model's; ``fail`` raises a provider error with that message after the
-  deltas, to exercise error paths.
+  deltas, to exercise error paths. Text after the object is ignored by the
+  script (it is still the message the turn's memories are looked up by).
 
 * ``{"echo_notes": true}`` answers with the request's notes (working and
   retrieved memory) as the model saw them.
+* ``{"echo_request": true}`` answers with what the request was made of, as
+  JSON: ``{"model", "system", "tools"}`` (the system prompt, and the names of
+  the tools offered), so tests can see the turn's agent reach the model.
 * A summary call (``purpose="summary"``, the context engine compacting)
   gets a short summary: how many messages, and the start of each user
   message, within the call's ``max_tokens``; after ``SCRIPTED_SUMMARY_DELAY_MS``
   when set (to catch a worker in the middle of one).
+* A learning call (``purpose="extraction"``) gets a ``record_memory`` tool
+  call with memories extracted by fixed rules (``scripted_learning.py``),
+  after ``SCRIPTED_EXTRACTION_DELAY_MS`` when set.
 * When the request carries an engine summary of earlier turns, the echo
   ends with ``[summary in context]``, so tests can see the model got it.
 
@@ -53,8 +60,12 @@ from holdfast_shared.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
+from holdfast_shared.providers.scripted_learning import FAIL_MARK
+from holdfast_shared.providers.scripted_learning import extract as extract_memories
 
 SCRIPT_PREFIX = "/script"
+# Milliseconds an extraction call takes (tests catch the learning service mid-batch).
+EXTRACTION_DELAY_ENV = "SCRIPTED_EXTRACTION_DELAY_MS"
 
 
 def _words(text: str) -> list[str]:
@@ -84,9 +95,16 @@ def request_tokens(request: ModelRequest) -> int:
 class ScriptedProvider:
     name = "scripted"
 
-    def __init__(self, *, context_window: int | None = None, summary_delay_ms: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        context_window: int | None = None,
+        summary_delay_ms: int = 0,
+        extraction_delay_ms: int = 0,
+    ) -> None:
         self.context_window = context_window
         self.summary_delay_ms = summary_delay_ms
+        self.extraction_delay_ms = extraction_delay_ms
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ScriptedProvider:
@@ -94,6 +112,7 @@ class ScriptedProvider:
         return cls(
             context_window=int(window) if window else None,
             summary_delay_ms=int(environ.get(SUMMARY_DELAY_ENV) or 0),
+            extraction_delay_ms=int(environ.get(EXTRACTION_DELAY_ENV) or 0),
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
@@ -103,6 +122,10 @@ class ScriptedProvider:
                 "CONTEXT_OVERFLOW",
                 f"prompt is too long: {size} tokens > {self.context_window} maximum",
             )
+        if request.purpose == "extraction":
+            async for event in self._extraction(request, size):
+                yield event
+            return
         if request.purpose == "summary":
             if self.summary_delay_ms:
                 await asyncio.sleep(self.summary_delay_ms / 1000)
@@ -122,6 +145,14 @@ class ScriptedProvider:
             script = self._script(latest, [m.text for m in user_messages[:-1]])
             if script.get("echo_notes"):
                 script["text"] = request.notes or "(no notes)"
+            elif script.get("echo_request"):
+                script["text"] = json.dumps(
+                    {
+                        "model": request.model,
+                        "system": request.system,
+                        "tools": [tool.name for tool in request.tools],
+                    }
+                )
             elif _SUMMARY_MARK in request.soul and "text" in script and "deltas" not in script:
                 script["text"] = f"{script['text']} [summary in context]"
         delay = float(script.get("delay_ms", 0)) / 1000
@@ -188,11 +219,25 @@ class ScriptedProvider:
         yield UsageReport(input_tokens=size, output_tokens=len(text) // 4)
         yield Finish("end_turn")
 
+    async def _extraction(self, request: ModelRequest, size: int) -> AsyncIterator[ModelEvent]:
+        prompt = request.messages[-1].text if request.messages else ""
+        if self.extraction_delay_ms:
+            await asyncio.sleep(self.extraction_delay_ms / 1000)
+        if FAIL_MARK in prompt:
+            raise ProviderError("LLM_PROVIDER_ERROR", "scripted extraction failure")
+        payload = json.dumps(extract_memories(prompt))
+        yield BlockStart(0, "tool_use", tool_name="record_memory", tool_call_id="call_extract")
+        yield ToolInputChunk(0, payload)
+        yield BlockStop(0)
+        yield UsageReport(input_tokens=size, output_tokens=len(payload) // 4)
+        yield Finish("tool_use")
+
     @staticmethod
     def _script(latest: str, earlier: list[str]) -> dict[str, Any]:
         if latest.startswith(SCRIPT_PREFIX):
             try:
-                script = json.loads(latest[len(SCRIPT_PREFIX) :])
+                # Words after the object are the message's own (what memory is looked up by).
+                script, _end = json.JSONDecoder().raw_decode(latest[len(SCRIPT_PREFIX) :].lstrip())
             except json.JSONDecodeError as exc:
                 return {"text": f"Invalid /script JSON: {exc}"}
             if isinstance(script, dict):

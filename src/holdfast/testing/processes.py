@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-Kind = Literal["gateway", "loop-worker", "tool-runner"]
+Kind = Literal["gateway", "loop-worker", "tool-runner", "learning"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 

@@ -6,7 +6,9 @@
   exists: it probed its sandbox, announced what it can do, and consumes next;
 * a **loop-worker** when its registration ``Keys.worker_alive(<host>-<pid>)``
   exists: its providers are advertised (the gateway accepts turns for them),
-  and it consumes next.
+  and it consumes next;
+* a **learning** process when its ``Keys.learner_alive(<host>-<pid>)`` exists:
+  its consumer group exists and it reads trajectories next.
 
 The consumer groups read from the start of their streams, so a job queued
 between a worker's registration and its first read waits for it; nothing is
@@ -63,6 +65,8 @@ class Readiness:
             return self.keys.worker_alive(process.ident)
         if process.kind == "tool-runner":
             return self.keys.runner_alive(process.ident)
+        if process.kind == "learning":
+            return self.keys.learner_alive(process.ident)
         return None
 
     def __call__(self, process: Process) -> bool:

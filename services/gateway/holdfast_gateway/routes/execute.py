@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
+from holdfast_shared.agents import AgentDefinition, model_for
 from holdfast_shared.availability import available_providers, default_models
 from holdfast_shared.content import (
     MAX_MEDIA_ITEMS,
@@ -18,12 +19,13 @@ from holdfast_shared.content import (
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.media import first_unsupported, unsupported_media
+from holdfast_shared.memory.brain import USER_ID_PATTERN
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
 from holdfast_gateway import errors
-from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
+from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.sse import event_frames, frame, sse_response
@@ -41,6 +43,14 @@ class ExecuteRequest(BaseModel):
     message: Annotated[Text, Field(min_length=1, max_length=MAX_MESSAGE_CHARS)]
     task_id: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
     agent: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
+    user_id: Annotated[
+        str | None,
+        Field(
+            pattern=USER_ID_PATTERN,
+            description="the end user this message is from: each user of a tenant has a "
+            "long-term memory of their own (default: the tenant's shared one)",
+        ),
+    ] = None
     model: (
         Annotated[
             str,
@@ -124,10 +134,12 @@ _TURN_HEADERS = {
 async def execute(
     state: StateDep, tenant: TenantDep, request: Annotated[ExecuteRequest, Body()]
 ) -> EventSourceResponse:
+    # An unknown agent (or another tenant's) is a 404 before anything is written.
+    agent = await require_agent(state, tenant, request.agent)
     if request.model is not None:
         await _require_provider(state, request.model)
     if request.media:
-        await _require_media_support(state, request)
+        await _require_media_support(state, request, agent)
     turn = await start_turn(
         state,
         tenant,
@@ -136,6 +148,7 @@ async def execute(
         agent=request.agent,
         model=request.model,
         media=as_stored(request.media),
+        user_id=request.user_id or "",
     )
 
     async def frames() -> AsyncIterator[str]:
@@ -165,14 +178,22 @@ async def _require_provider(state: StateDep, model: str) -> None:
         )
 
 
-async def _require_media_support(state: StateDep, request: ExecuteRequest) -> None:
+async def _require_media_support(
+    state: StateDep, request: ExecuteRequest, agent: AgentDefinition
+) -> None:
     """422 naming the type when the turn's model cannot take one of the media.
 
     The turn's model is the one a worker will pick: the request's, else the
-    agent's (``HOLDFAST_AGENT_MODELS``), else the workers' default, as they
-    advertise it (every live worker's, should they differ).
+    operator's for the agent (``HOLDFAST_AGENT_MODELS``), else the agent's
+    preferred one when a worker serves its provider, else the workers'
+    default, as they advertise it (every live worker's, should they differ).
     """
-    spec = request.model or state.settings.agent_models.get(request.agent or "")
+    spec = model_for(
+        agent,
+        requested=request.model,
+        overrides=state.settings.agent_models,
+        served=await available_providers(state.redis, state.keys),
+    )
     if spec:
         specs = {spec}
     else:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from holdfast_shared.memory import vectors
 from holdfast_shared.runners import live_runners
 from pydantic import BaseModel
 from sqlalchemy import text
@@ -34,8 +35,24 @@ class Health(BaseModel):
     status: Literal["ok", "degraded"]
     uptime_seconds: float
     # redis, postgres: {"status": "ok"|"error", "latency_ms"|"error"}; fanout;
-    # tool_runners: each live runner's sandbox.
+    # tool_runners: each live runner's sandbox; memory: how memories are searched
+    # (full text, plus pgvector similarity where installed).
     subsystems: dict[str, Any]
+
+
+async def _memory(state: Any) -> dict[str, Any]:
+    """How long-term memory is searched here: full text always, vectors where possible."""
+    async with state.sessions() as session:
+        support = await vectors.probe(session)
+    embedder = state.settings.embedder
+    with_vectors = support.available and embedder != "none"
+    return {
+        "search": "full text + vectors (reciprocal rank fusion)" if with_vectors else "full text",
+        "embedder": embedder,
+        "vectors": support.to_json()
+        if embedder != "none"
+        else {"status": "off", "reason": "HOLDFAST_EMBEDDER=none"},
+    }
 
 
 @router.get(
@@ -55,6 +72,9 @@ async def health(state: StateDep) -> JSONResponse:
     redis, postgres = await asyncio.gather(_probe(state.redis.ping()), _probe(pg()))
     ok = redis["status"] == "ok" and postgres["status"] == "ok"
     subsystems: dict[str, Any] = {"redis": redis, "postgres": postgres, "fanout": state.hub.stats}
+    if postgres["status"] == "ok":
+        with contextlib.suppress(Exception):
+            subsystems["memory"] = await asyncio.wait_for(_memory(state), _PROBE_TIMEOUT)
     if redis["status"] == "ok":
         # What each live tool-runner's sandbox can do; tools fail closed where it cannot.
         with contextlib.suppress(Exception):

@@ -23,6 +23,7 @@ from typing import Any
 from holdfast_shared.conversation import load_history
 from holdfast_shared.events import CompactionEvent, WorkingMemoryUpdate, _Event
 from holdfast_shared.jobs import ToolOutcome
+from holdfast_shared.memory import Brain
 from holdfast_shared.providers import ModelChoice, ProviderRegistry
 from holdfast_shared.tools import ToolSpec
 from holdfast_shared.working_memory import stored_working_memory
@@ -45,8 +46,6 @@ log = logging.getLogger(__name__)
 
 Emit = Callable[[_Event], Awaitable[None]]
 
-# Memories retrieved per call, at most.
-_RETRIEVED = 8
 # After a compaction the context is aimed at this share of the threshold (a
 # harder one at half of it), so the next turns have room before the next one.
 _AFTER_SHARE = 0.5
@@ -73,6 +72,12 @@ class TurnScope:
     # Messages of this turn from this position on were stored by a step that
     # was cut off; they are not part of the context.
     position: int
+    # The end user whose brain the turn reads ("" is the tenant's).
+    user_id: str = ""
+
+    @property
+    def brain(self) -> Brain:
+        return Brain(self.tenant_id, self.user_id)
 
 
 def check_fits(
@@ -177,8 +182,8 @@ class ContextEngine:
         # Memories are looked up by the message that opened the turn.
         opener = turn_opener(history, scope.turn_id)
         query = opener.text if opener is not None else ""
-        soul = await self.memory.soul(scope.tenant_id)
-        retrieved = await self.memory.retrieve(scope.tenant_id, scope.task_id, query, _RETRIEVED)
+        soul = await self.memory.soul(scope.brain, scope.turn_id)
+        retrieved = await self.memory.retrieve(scope.brain, scope.turn_id, query)
         sections = Sections(
             system_prompt=system_prompt,
             soul=soul,

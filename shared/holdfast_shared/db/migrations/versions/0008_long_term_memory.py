@@ -168,6 +168,9 @@ def upgrade() -> None:
         "ix_memory_facts_tsv", "memory_facts", ["tsv"], unique=False, postgresql_using="gin"
     )
     op.create_index(
+        op.f("ix_memory_facts_superseded_by"), "memory_facts", ["superseded_by"], unique=False
+    )
+    op.create_index(
         "uq_memory_facts_current_norm",
         "memory_facts",
         ["tenant_id", "user_id", "norm"],
@@ -297,6 +300,7 @@ def downgrade() -> None:
         table_name="memory_facts",
         postgresql_where=sa.text("valid_to IS NULL"),
     )
+    op.drop_index(op.f("ix_memory_facts_superseded_by"), table_name="memory_facts")
     op.drop_index("ix_memory_facts_tsv", table_name="memory_facts", postgresql_using="gin")
     op.drop_index(
         "ix_memory_facts_current_key",

@@ -1,0 +1,159 @@
+"""The learning centre's intake: trajectory announcements, read in batches.
+
+Reads ``Keys.trajectories`` through the ``LEARNING_GROUP`` consumer group. A
+batch is what arrives within ``HOLDFAST_LEARNING_BATCH_WINDOW_SECONDS`` of
+its first entry, up to ``HOLDFAST_LEARNING_BATCH_SIZE`` entries; it is
+learned, then acknowledged. Entries a dead learner read but never
+acknowledged are claimed (``XAUTOCLAIM``) once idle for
+``HOLDFAST_LEARNING_CLAIM_IDLE_SECONDS``, so a learner killed mid-batch
+loses nothing; learning is idempotent by trajectory id, so nothing is
+learned twice either.
+
+The stream only announces: the trajectory is in PostgreSQL, and the sweep
+(``sweep.py``) learns any whose announcement was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from holdfast_shared.jobs import TrajectoryReady
+from holdfast_shared.keys import LEARNING_GROUP, Keys
+from holdfast_shared.streams import ensure_group
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from holdfast_learning.learner import Learner
+
+log = logging.getLogger(__name__)
+
+# How long one blocking read waits for the first entry of a batch.
+_IDLE_BLOCK_MS = 5000
+# The liveness key outlives a blocking read (refreshed every third of this).
+_ALIVE_TTL_SECONDS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    size: int
+    window_seconds: float
+    claim_idle_seconds: float
+
+
+class TrajectoryConsumer:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        learner: Learner,
+        settings: BatchSettings,
+        *,
+        name: str,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.learner = learner
+        self.settings = settings
+        self.name = name
+        self._last_claim = 0.0
+        self._last_alive = -float(_ALIVE_TTL_SECONDS)
+        # Totals since start (logged; /learning/status reads the table instead).
+        self.learned = 0
+        self.batches = 0
+
+    async def run(self) -> None:
+        await ensure_group(self.redis, self.keys.trajectories, LEARNING_GROUP)
+        delay = 0.2
+        while True:
+            try:
+                await self._alive()
+                await self.step()
+                delay = 0.2
+            except (RedisConnectionError, RedisTimeoutError):
+                log.warning("Redis unreachable; the learning intake retries in %.1fs", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _alive(self) -> None:
+        """Say this learner consumes (readiness, and what /health lists)."""
+        now = time.monotonic()
+        if now - self._last_alive >= _ALIVE_TTL_SECONDS / 3:
+            self._last_alive = now
+            await self.redis.set(self.keys.learner_alive(self.name), "1", ex=_ALIVE_TTL_SECONDS)
+
+    async def step(self) -> int:
+        """Read one batch, learn it, acknowledge it; returns its size."""
+        entries = await self._claim_stale()
+        entries += await self._read(self.settings.size - len(entries))
+        if not entries:
+            return 0
+        ids: list[str] = []
+        for _entry_id, fields in entries:
+            try:
+                ids.append(TrajectoryReady.from_fields(fields).trajectory_id)
+            except ValueError:
+                log.error("dropping a malformed trajectory announcement: %r", fields)
+        result = await self.learner.learn(ids)
+        await self.redis.xack(
+            self.keys.trajectories, LEARNING_GROUP, *(entry_id for entry_id, _ in entries)
+        )
+        self.learned += result.learned
+        self.batches += 1
+        log.debug(
+            "learned %d, skipped %d, failed %d, dead %d of a batch of %d",
+            result.learned,
+            result.skipped,
+            result.failed,
+            result.dead,
+            len(entries),
+        )
+        return len(entries)
+
+    async def _read(self, want: int) -> list[tuple[str, dict[str, str]]]:
+        got: list[tuple[str, dict[str, str]]] = []
+        deadline: float | None = None
+        while len(got) < want:
+            block: int
+            if deadline is None:
+                block = _IDLE_BLOCK_MS
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                block = max(1, int(left * 1000))
+            reply = await self.redis.xreadgroup(
+                LEARNING_GROUP,
+                self.name,
+                {self.keys.trajectories: ">"},
+                count=want - len(got),
+                block=block,
+            )
+            entries = reply[0][1] if reply else []
+            if not entries and deadline is None:
+                return got  # idle: let the caller claim stale entries, then wait again
+            if entries and deadline is None:
+                deadline = time.monotonic() + self.settings.window_seconds
+            got.extend(entries)
+        return got
+
+    async def _claim_stale(self) -> list[tuple[str, dict[str, str]]]:
+        now = time.monotonic()
+        if now - self._last_claim < self.settings.claim_idle_seconds / 2:
+            return []
+        self._last_claim = now
+        reply = await self.redis.xautoclaim(
+            self.keys.trajectories,
+            LEARNING_GROUP,
+            self.name,
+            min_idle_time=int(self.settings.claim_idle_seconds * 1000),
+            start_id="0-0",
+            count=self.settings.size,
+        )
+        claimed = [(entry_id, fields) for entry_id, fields in reply[1] if fields]
+        if claimed:
+            log.info("took over %d trajectory announcements a stopped learner left", len(claimed))
+        return claimed

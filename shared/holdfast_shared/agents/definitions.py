@@ -1,0 +1,200 @@
+"""Agent definitions: who the model is in a turn.
+
+An agent is a system prompt (the first section of the model's context), the
+tools offered to the model, a permission rule for each of them, whether its
+sandbox has the network, a preferred model, and the skills and Asset
+Directory servers it may use. Two kinds, one shape (:class:`AgentDefinition`):
+
+* **built-in** agents ship as files, ``builtin/<name>.md``: YAML front matter
+  (``name``, ``description``, ``model``, ``tools``, ``permissions``,
+  ``network``, ``skills``) and a Markdown body that is the system prompt.
+  ``general`` is the agent of a turn that names none.
+* **custom** agents are a tenant's own, created through ``/agents`` and
+  stored in PostgreSQL (``store.py``).
+
+Operators keep the last word over both (settings, applied by the services):
+``HOLDFAST_AGENT_MODELS`` over the preferred model,
+``HOLDFAST_TOOL_PERMISSIONS`` over the permissions, and
+``HOLDFAST_NETWORK_AGENTS`` to grant the network.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Collection, Iterable, Mapping
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from holdfast_shared.errors import ErrorCode, HoldfastError
+from holdfast_shared.modelspec import parse_model_spec
+from holdfast_shared.tools import (
+    BUILTIN_BY_NAME,
+    BUILTIN_TOOLS,
+    DEFAULT_PERMISSIONS,
+    Permission,
+    ToolSpec,
+)
+
+DEFAULT_AGENT = "general"
+
+# Skills shipped with the engine, by name. None yet: the skills work adds them
+# (and a tenant's own, checked in store.py).
+BUILTIN_SKILLS: frozenset[str] = frozenset()
+
+
+class AgentNotFound(HoldfastError):
+    """No agent of that name for the tenant (neither built-in nor its own)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(ErrorCode.AGENT_NOT_FOUND, f"agent {name!r} not found", {"agent": name})
+        self.name = name
+
+
+class AgentDefinition(BaseModel):
+    """One agent, built-in or custom, as a turn runs it.
+
+    ``permissions`` has a rule for each of ``tools`` (the agent's own, else
+    :data:`~holdfast_shared.tools.DEFAULT_PERMISSIONS`); ``model`` is a
+    preference, used when a loop-worker serves its provider (:func:`model_for`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str
+    system_prompt: str
+    model: str | None = None
+    tools: tuple[str, ...]
+    permissions: Mapping[str, Permission]
+    network: bool = False
+    skills: tuple[str, ...] = ()
+    servers: tuple[str, ...] = ()
+    builtin: bool = False
+
+    def permission(self, tool: str) -> Permission:
+        """The agent's rule for ``tool`` (before any operator override)."""
+        return self.permissions.get(tool) or DEFAULT_PERMISSIONS.get(tool, "ask")
+
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools offered to the model, in the catalogue's order (stable, for caches)."""
+        return tuple(tool for tool in BUILTIN_TOOLS if tool.name in self.tools)
+
+
+def check_tool(name: str) -> str:
+    """``name`` if it is a tool of the catalogue; else ValueError naming it."""
+    if name not in BUILTIN_BY_NAME:
+        known = ", ".join(BUILTIN_BY_NAME)
+        raise ValueError(f"unknown tool {name!r}; the tools are: {known}")
+    return name
+
+
+def effective_permissions(
+    tools: Iterable[str], given: Mapping[str, Permission]
+) -> dict[str, Permission]:
+    """A rule for each of ``tools``: ``given``'s, else the default. Rules for
+    tools the agent does not have are dropped (they could never apply)."""
+    for name in given:
+        check_tool(name)
+    return {tool: given.get(tool) or DEFAULT_PERMISSIONS.get(tool, "ask") for tool in tools}
+
+
+def model_for(
+    agent: AgentDefinition,
+    *,
+    requested: str | None,
+    overrides: Mapping[str, str],
+    served: Collection[str],
+) -> str | None:
+    """The model a turn of ``agent`` runs on; None: the engine's default.
+
+    In order: the request's own ``model``; the operator's model for the agent
+    (``HOLDFAST_AGENT_MODELS``); the agent's preferred model when a
+    loop-worker serves its provider (``served``: provider names).
+    """
+    if requested:
+        return requested
+    if spec := overrides.get(agent.name):
+        return spec
+    if agent.model and parse_model_spec(agent.model).provider in served:
+        return agent.model
+    return None
+
+
+# -- built-in agents: files ------------------------------------------------------
+
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*\r?\n(.*)\Z", re.DOTALL)
+
+
+class _FrontMatter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    description: str = Field(min_length=1)
+    model: str | None = None
+    tools: list[str]
+    permissions: dict[str, Permission] = {}
+    network: bool = False
+    skills: list[str] = []
+
+
+def parse_agent_file(text: str) -> AgentDefinition:
+    """A built-in agent from its file; ValueError naming what is wrong."""
+    found = _FRONT_MATTER.match(text)
+    if found is None:
+        raise ValueError("an agent file starts with YAML front matter between '---' lines")
+    try:
+        raw: Any = yaml.safe_load(found[1])
+        front = _FrontMatter.model_validate(raw)
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise ValueError(f"invalid front matter: {exc}") from None
+    for tool in front.tools:
+        check_tool(tool)
+    unknown = [skill for skill in front.skills if skill not in BUILTIN_SKILLS]
+    if unknown:
+        raise ValueError(f"unknown skill {unknown[0]!r}")
+    if front.model is not None:
+        parse_model_spec(front.model)
+    prompt = found[2].strip()
+    if not prompt:
+        raise ValueError("the body (the system prompt) is empty")
+    tools = tuple(dict.fromkeys(front.tools))
+    return AgentDefinition(
+        name=front.name,
+        description=front.description,
+        system_prompt=prompt,
+        model=front.model,
+        tools=tools,
+        permissions=effective_permissions(tools, front.permissions),
+        network=front.network,
+        skills=tuple(front.skills),
+        builtin=True,
+    )
+
+
+@functools.cache
+def builtin_agents() -> Mapping[str, AgentDefinition]:
+    """The built-in agents by name, read once from the package's files.
+
+    A broken file is an error here (ValueError naming it), so a service that
+    starts with a broken build stops at start, not mid-turn.
+    """
+    agents: dict[str, AgentDefinition] = {}
+    folder = resources.files("holdfast_shared.agents") / "builtin"
+    for entry in sorted(folder.iterdir(), key=lambda item: item.name):
+        if not entry.name.endswith(".md"):
+            continue
+        try:
+            agent = parse_agent_file(entry.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"built-in agent {entry.name}: {exc}") from None
+        if f"{agent.name}.md" != entry.name:
+            raise ValueError(f"built-in agent {entry.name} is named {agent.name!r}")
+        agents[agent.name] = agent
+    if DEFAULT_AGENT not in agents:
+        raise ValueError(f"no built-in agent {DEFAULT_AGENT!r}")
+    return MappingProxyType(agents)

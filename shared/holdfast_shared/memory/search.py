@@ -1,0 +1,287 @@
+"""Finding memories again: full text always, vectors where there are some, fused.
+
+Each kind (knowledge, episodes, social) is searched on its own: PostgreSQL
+full-text search over the row's generated ``tsv`` (any of the query's words
+may match; rows with more, rarer-in-the-row matches rank higher) and, when a
+:class:`Nearest` is given (pgvector installed and an embedder configured),
+the nearest vectors. The two rankings are fused by reciprocal rank fusion
+(RRF): a row's score is the sum of ``1 / (RRF_K + rank)`` over the lists it
+appears in, so neither ranking's raw scores need to be comparable.
+
+Only current facts are found (a superseded one is history, reachable from
+the fact that replaced it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from sqlalchemy import Select, Text, bindparam, cast, func, or_, select
+from sqlalchemy.dialects.postgresql import TSQUERY
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from holdfast_shared.db.models import Entity, Episode, Fact, Relation
+from holdfast_shared.memory.brain import Brain
+
+Kind = Literal["knowledge", "episodes", "social"]
+KINDS: tuple[Kind, ...] = ("knowledge", "episodes", "social")
+
+# The constant of reciprocal rank fusion (Cormack et al.): dampens the top ranks.
+RRF_K = 60
+# Each ranking contributes this many candidates per kind before fusion.
+_CANDIDATES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    id: str
+    kind: Kind
+    text: str
+    score: float
+    created_at: datetime
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "text": self.text,
+            "score": round(self.score, 6),
+            "created_at": self.created_at.isoformat(),
+            **self.extra,
+        }
+
+
+class Nearest(Protocol):
+    """Vector similarity search (memory/index.py), when it is available."""
+
+    async def nearest(
+        self, session: AsyncSession, brain: Brain, kind: Kind, query: str, limit: int
+    ) -> list[str]:
+        """Ids of the ``limit`` rows of ``kind`` nearest to ``query``, nearest first."""
+        ...
+
+
+def _tsquery() -> Any:
+    # Any word of the query may match ("what is my dog called" should find
+    # "my dog is Rex"): plainto_tsquery's stemmed, stop-word-free lexemes,
+    # joined with OR instead of AND.
+    words = func.plainto_tsquery("english", bindparam("q", type_=Text))
+    return cast(func.replace(cast(words, Text), " & ", " | "), TSQUERY)
+
+
+def _fused(rankings: Sequence[Sequence[str]]) -> list[tuple[str, float]]:
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, item_id in enumerate(ranking, start=1):
+            scores[item_id] = scores.get(item_id, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(scores.items(), key=lambda pair: -pair[1])
+
+
+class Searcher:
+    """Search one brain's memories."""
+
+    def __init__(self, nearest: Nearest | None = None) -> None:
+        self.vectors = nearest
+
+    async def search(
+        self,
+        session: AsyncSession,
+        brain: Brain,
+        query: str,
+        *,
+        kinds: Sequence[Kind] = KINDS,
+        limit: int = 10,
+    ) -> list[Hit]:
+        """The best ``limit`` hits; several kinds are interleaved by their fused rank."""
+        per_kind = [await self.search_kind(session, brain, kind, query, limit) for kind in kinds]
+        if len(per_kind) == 1:
+            return per_kind[0]
+        merged: list[Hit] = []
+        for rank in range(limit):
+            merged.extend(hits[rank] for hits in per_kind if rank < len(hits))
+        return merged[:limit]
+
+    async def search_kind(
+        self, session: AsyncSession, brain: Brain, kind: Kind, query: str, limit: int
+    ) -> list[Hit]:
+        if not query.strip():
+            return []
+        want = max(limit, _CANDIDATES)
+        rankings = [await self._full_text(session, brain, kind, query, want)]
+        if self.vectors is not None:
+            rankings.append(await self.vectors.nearest(session, brain, kind, query, want))
+        fused = _fused(rankings)[:limit]
+        if not fused:
+            return []
+        rows = await _load(session, brain, kind, [item_id for item_id, _ in fused])
+        return [rows[item_id].with_score(score) for item_id, score in fused if item_id in rows]
+
+    async def _full_text(
+        self, session: AsyncSession, brain: Brain, kind: Kind, query: str, limit: int
+    ) -> list[str]:
+        model: type[Fact] | type[Episode] | type[Entity] = _MODELS[kind]
+        tsquery = _tsquery()
+        statement: Select[Any] = (
+            select(model.id)
+            .where(
+                model.tenant_id == brain.tenant_id,
+                model.user_id == brain.user_id,
+                model.tsv.bool_op("@@")(tsquery),
+            )
+            # Normalisation 1: long rows do not win by length alone.
+            .order_by(func.ts_rank(model.tsv, tsquery, 1).desc(), model.id.desc())
+            .limit(limit)
+        )
+        if model is Fact:
+            statement = statement.where(Fact.valid_to.is_(None))
+        result = await session.execute(statement, {"q": query})
+        return list(result.scalars())
+
+
+_MODELS: dict[Kind, type[Fact] | type[Episode] | type[Entity]] = {
+    "knowledge": Fact,
+    "episodes": Episode,
+    "social": Entity,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    id: str
+    kind: Kind
+    text: str
+    created_at: datetime
+    extra: dict[str, Any]
+
+    def with_score(self, score: float) -> Hit:
+        return Hit(self.id, self.kind, self.text, score, self.created_at, self.extra)
+
+
+async def _load(session: AsyncSession, brain: Brain, kind: Kind, ids: list[str]) -> dict[str, _Row]:
+    """The rows behind ``ids`` (of ``brain`` only), rendered as hits."""
+    if kind == "knowledge":
+        facts = (
+            await session.execute(
+                select(Fact).where(
+                    Fact.id.in_(ids),
+                    Fact.tenant_id == brain.tenant_id,
+                    Fact.user_id == brain.user_id,
+                    Fact.valid_to.is_(None),
+                )
+            )
+        ).scalars()
+        return {f.id: _Row(f.id, kind, f.text, f.created_at, fact_extra(f)) for f in facts}
+    if kind == "episodes":
+        episodes = (
+            await session.execute(
+                select(Episode).where(
+                    Episode.id.in_(ids),
+                    Episode.tenant_id == brain.tenant_id,
+                    Episode.user_id == brain.user_id,
+                )
+            )
+        ).scalars()
+        return {e.id: _Row(e.id, kind, e.text, e.created_at, episode_extra(e)) for e in episodes}
+    entities = list(
+        (
+            await session.execute(
+                select(Entity).where(
+                    Entity.id.in_(ids),
+                    Entity.tenant_id == brain.tenant_id,
+                    Entity.user_id == brain.user_id,
+                )
+            )
+        ).scalars()
+    )
+    edges = await relations_of(session, [e.id for e in entities])
+    return {
+        e.id: _Row(
+            e.id,
+            kind,
+            render_entity(e, edges.get(e.id, [])),
+            e.created_at,
+            {
+                "name": e.name,
+                "entity_kind": e.kind,
+                "relations": edges.get(e.id, []),
+            },
+        )
+        for e in entities
+    }
+
+
+def fact_extra(fact: Fact) -> dict[str, Any]:
+    return {
+        "key": fact.key,
+        "confidence": round(fact.confidence, 4),
+        "sources": fact.sources,
+        "valid_from": fact.valid_from.isoformat(),
+        "valid_to": fact.valid_to.isoformat() if fact.valid_to else None,
+        "superseded_by": fact.superseded_by,
+    }
+
+
+def episode_extra(episode: Episode) -> dict[str, Any]:
+    return {
+        "task_id": episode.task_id,
+        "trajectory_id": episode.trajectory_id,
+        "outcome": episode.outcome,
+        "participants": episode.participants,
+        "occurred_at": episode.occurred_at.isoformat(),
+    }
+
+
+async def relations_of(
+    session: AsyncSession, entity_ids: Sequence[str]
+) -> dict[str, list[dict[str, str]]]:
+    """Each entity's edges, both ways: ``{"relation", "direction", "name", "kind", "id"}``."""
+    if not entity_ids:
+        return {}
+    source = Entity.__table__.alias("source")
+    target = Entity.__table__.alias("target")
+    rows = (
+        await session.execute(
+            select(
+                Relation.relation,
+                source.c.id,
+                source.c.name,
+                source.c.kind,
+                target.c.id,
+                target.c.name,
+                target.c.kind,
+            )
+            .join(source, source.c.id == Relation.source_id)
+            .join(target, target.c.id == Relation.target_id)
+            .where(or_(Relation.source_id.in_(entity_ids), Relation.target_id.in_(entity_ids)))
+            .order_by(Relation.created_at)
+        )
+    ).all()
+    edges: dict[str, list[dict[str, str]]] = {}
+    for relation, sid, sname, skind, tid, tname, tkind in rows:
+        edges.setdefault(sid, []).append(
+            {"relation": relation, "direction": "out", "id": tid, "name": tname, "kind": tkind}
+        )
+        edges.setdefault(tid, []).append(
+            {"relation": relation, "direction": "in", "id": sid, "name": sname, "kind": skind}
+        )
+    return edges
+
+
+def render_entity(entity: Entity, edges: Sequence[dict[str, str]]) -> str:
+    """One line a model can read: who or what it is and how it relates to others."""
+    line = f"{entity.name} ({entity.kind})"
+    if entity.description:
+        line += f": {entity.description}"
+    links = [
+        f"{e['relation'].replace('_', ' ')} {e['name']}"
+        if e["direction"] == "out"
+        else f"{e['name']} {e['relation'].replace('_', ' ')} {entity.name}"
+        for e in edges[:8]
+    ]
+    if links:
+        line += " — " + "; ".join(links)
+    return line
