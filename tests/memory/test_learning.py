@@ -159,17 +159,23 @@ async def test_every_ending_writes_a_trajectory_with_what_the_turn_did(
         failed = await execute(
             client, url, key, {"task_id": task, "message": script(text="x", fail="boom")}
         )
-    async with sessions() as session:
-        rows = {
-            row.id: row
-            for row in (
-                await session.execute(
-                    select(TrajectoryRecord).where(
-                        TrajectoryRecord.id.in_([turn_id(used_tool), turn_id(failed)])
+    # The terminal event reaches the client just before the turn's end (and its
+    # trajectory) is committed.
+    rows: dict[str, TrajectoryRecord] = {}
+    deadline = time.monotonic() + 10
+    while len(rows) < 2 and time.monotonic() < deadline:
+        async with sessions() as session:
+            rows = {
+                row.id: row
+                for row in (
+                    await session.execute(
+                        select(TrajectoryRecord).where(
+                            TrajectoryRecord.id.in_([turn_id(used_tool), turn_id(failed)])
+                        )
                     )
-                )
-            ).scalars()
-        }
+                ).scalars()
+            }
+        await asyncio.sleep(0.05)
     ok, bad = rows[turn_id(used_tool)], rows[turn_id(failed)]
     assert ok.outcome == "completed" and bad.outcome == "errored"
     assert ok.task_id == await engine_task_id(sessions, task)
