@@ -215,7 +215,8 @@ async def test_the_social_graph_and_the_soul_are_learned(
     assert people[0]["relations"][0]["name"] == "Nordwind Labs"
     assert soul.json()["content"] == "- The user prefers answers in bullet points."
     assert soul.json()["version"] == 1
-    del shown  # the soul's place in the request is checked by the context tests
+    # The soul is in the next turn's request, in its own block.
+    assert "The user prefers answers in bullet points." in json.loads(shown.text)["soul"]
 
 
 async def test_the_agent_searches_and_saves_memories_with_its_tools(

@@ -21,8 +21,8 @@ It goes through the same code path as a real provider. What it answers:
 * ``{"echo_notes": true}`` answers with the request's notes (working and
   retrieved memory) as the model saw them.
 * ``{"echo_request": true}`` answers with what the request was made of, as
-  JSON: ``{"model", "system", "tools"}`` (the system prompt, and the names of
-  the tools offered), so tests can see the turn's agent reach the model.
+  JSON: ``{"model", "system", "tools", "soul"}`` (the system prompt, the
+  names of the tools offered, and the soul block), so tests can see the turn's agent reach the model.
 * A summary call (``purpose="summary"``, the context engine compacting)
   gets a short summary: how many messages, and the start of each user
   message, within the call's ``max_tokens``; after ``SCRIPTED_SUMMARY_DELAY_MS``
@@ -30,6 +30,9 @@ It goes through the same code path as a real provider. What it answers:
 * A learning call (``purpose="extraction"``) gets a ``record_memory`` tool
   call with memories extracted by fixed rules (``scripted_learning.py``),
   after ``SCRIPTED_EXTRACTION_DELAY_MS`` when set.
+* A skill's sub-call (``purpose="skill"``, the skill tool with ``input``)
+  answers ``Skill <name> says: <input>``, the name read from the system
+  prompt the skill tool writes (``holdfast_shared.skills.disclosure``).
 * When the request carries an engine summary of earlier turns, the echo
   ends with ``[summary in context]``, so tests can see the model got it.
 
@@ -126,6 +129,10 @@ class ScriptedProvider:
             async for event in self._extraction(request, size):
                 yield event
             return
+        if request.purpose == "skill":
+            async for event in self._skill(request, size):
+                yield event
+            return
         if request.purpose == "summary":
             if self.summary_delay_ms:
                 await asyncio.sleep(self.summary_delay_ms / 1000)
@@ -151,6 +158,7 @@ class ScriptedProvider:
                         "model": request.model,
                         "system": request.system,
                         "tools": [tool.name for tool in request.tools],
+                        "soul": request.soul,
                     }
                 )
             elif _SUMMARY_MARK in request.soul and "text" in script and "deltas" not in script:
@@ -217,6 +225,18 @@ class ScriptedProvider:
         yield TextChunk(0, text)
         yield BlockStop(0)
         yield UsageReport(input_tokens=size, output_tokens=len(text) // 4)
+        yield Finish("end_turn")
+
+    @staticmethod
+    async def _skill(request: ModelRequest, size: int) -> AsyncIterator[ModelEvent]:
+        named = re.search(r'the skill "([a-z0-9-]+)"', request.system)
+        given = request.messages[-1].text if request.messages else ""
+        text = f"Skill {named[1] if named else '?'} says: {given}"
+        yield BlockStart(0, "text")
+        for word in _words(text):
+            yield TextChunk(0, word)
+        yield BlockStop(0)
+        yield UsageReport(input_tokens=size, output_tokens=_count_tokens(text))
         yield Finish("end_turn")
 
     async def _extraction(self, request: ModelRequest, size: int) -> AsyncIterator[ModelEvent]:

@@ -182,8 +182,9 @@ class ContextEngine:
         # Memories are looked up by the message that opened the turn.
         opener = turn_opener(history, scope.turn_id)
         query = opener.text if opener is not None else ""
-        soul = await self.memory.soul(scope.brain, scope.turn_id)
+        # Retrieval first: it reads the soul too, and keeps both for the turn.
         retrieved = await self.memory.retrieve(scope.brain, scope.turn_id, query)
+        soul = await self.memory.soul(scope.brain, scope.turn_id)
         sections = Sections(
             system_prompt=system_prompt,
             soul=soul,

@@ -149,9 +149,6 @@ class BrainMemory:
             used += cost
         return lines
 
-    def forget_turn(self, turn_id: str) -> None:
-        self._turns.pop(turn_id, None)
-
     # -- the memory tools ----------------------------------------------------------
     async def search_call(self, brain: Brain, tool_input: Mapping[str, Any]) -> ToolOutcome:
         query = tool_input.get("query")
