@@ -56,18 +56,8 @@ async def _fill(database_url: str, brain: Brain) -> None:
     engine = create_engine(database_url, pool_size=2)
     words = [f"w{n:04d}" for n in range(2000)]
     async with engine.begin() as conn:
-        await conn.execute(
-            text("CREATE TEMP TABLE vocab (n int, word text) ON COMMIT DROP"),
-        )
-        await conn.execute(
-            text(
-                "INSERT INTO vocab SELECT n, w FROM unnest(CAST(:w AS text[])) "
-                "WITH ORDINALITY AS t(w, n)"
-            ),
-            {"w": words},
-        )
         # Each row: "The user's <a> <b> is <c> <d> <e>." from Zipf-ish picks.
-        pick = "(SELECT word FROM vocab WHERE n = 1 + floor(2000 * power(random(), 2))::int)"
+        pick = "(CAST(:w AS text[]))[1 + floor(2000 * power(random(), 2))::int]"
         await conn.execute(
             text(
                 "INSERT INTO memory_facts (id, tenant_id, user_id, text, norm, confidence, "
@@ -77,7 +67,7 @@ async def _fill(database_url: str, brain: Brain) -> None:
                 f"{pick} || ' ' || {pick} || ' ' || {pick} || '.' AS t "
                 "FROM generate_series(1, :n) g) s"
             ),
-            {"t": brain.tenant_id, "u": brain.user_id, "n": _FACTS},
+            {"t": brain.tenant_id, "u": brain.user_id, "n": _FACTS, "w": words},
         )
         await conn.execute(
             text(
@@ -87,7 +77,7 @@ async def _fill(database_url: str, brain: Brain) -> None:
                 f"{pick} || '; the agent looked into ' || {pick} || ' ' || {pick} || '.', "
                 "'[]', now() FROM generate_series(1, :n) g"
             ),
-            {"t": brain.tenant_id, "u": brain.user_id, "n": _EPISODES},
+            {"t": brain.tenant_id, "u": brain.user_id, "n": _EPISODES, "w": words},
         )
     async with engine.connect() as conn:
         await conn.execute(text("ANALYZE memory_facts"))
