@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from holdfast_shared.assets import Vault
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.keys import Keys
@@ -71,9 +72,15 @@ def api_keys(database_url: str) -> dict[str, str]:
     return {"main": API_KEY, "other": OTHER_KEY}
 
 
+# One Asset Directory key for every engine of the session: engines on the same
+# database open each other's stored credentials.
+ASSET_KEY = Vault.generate_key()
+
+
 def engine_env(redis_url: str, database_url: str, prefix: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
     env.update(
+        HOLDFAST_ASSET_ENCRYPTION_KEY=ASSET_KEY,
         HOLDFAST_REDIS_URL=redis_url,
         HOLDFAST_DATABASE_URL=database_url,
         HOLDFAST_REDIS_PREFIX=prefix,

@@ -45,7 +45,9 @@ def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | No
     ``MODEL_UNAVAILABLE``, a well-formed model whose provider no running
     loop-worker serves (the test engine runs only the scripted one), and
     ``UNSUPPORTED_MEDIA``, a well-formed media item of a type the turn's
-    model cannot take (never with the scripted model, which takes any); and
+    model cannot take (never with the scripted model, which takes any), and
+    ``ASSET_UNAVAILABLE``, a well-formed MCP server (a URL, a command) that
+    does not answer as one — what runs out there is not the schema's to say; and
     an agent's skill or server the tenant does not have (``INVALID_REQUEST``
     whose every error is ``unknown_skill`` / ``unknown_server``: what exists
     is the store's to say, not the schema's), and memory import lines that
@@ -65,7 +67,7 @@ def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | No
         problems = {e.get("type") for e in (body.get("details") or {}).get("errors", [])}
     except (ValueError, AttributeError):
         code, problems = None, set()
-    if code in ("MODEL_UNAVAILABLE", "UNSUPPORTED_MEDIA"):
+    if code in ("MODEL_UNAVAILABLE", "UNSUPPORTED_MEDIA", "ASSET_UNAVAILABLE"):
         return None
     if code == "INVALID_REQUEST" and problems and problems <= _NOT_STORED:
         return None

@@ -20,6 +20,7 @@ from holdfast_shared.agents import DEFAULT_AGENT, builtin_agents, model_for
 from holdfast_shared.jobs import ToolCallJob
 from holdfast_shared.keys import Keys
 from holdfast_shared.settings import Settings
+from holdfast_shared.skills import builtin_skills
 from holdfast_shared.tasks import find_task
 from holdfast_shared.tools import BUILTIN_BY_NAME, DEFAULT_PERMISSIONS
 from redis.asyncio import Redis
@@ -107,7 +108,10 @@ def test_the_builtin_agents_ship_as_considered_files() -> None:
     agents = builtin_agents()
     assert sorted(agents) == sorted(BUILTINS)
     for agent in agents.values():
-        assert agent.builtin and agent.description and agent.skills == ()
+        assert agent.builtin and agent.description
+        # Built-in skills only, used through the skill tool.
+        assert set(agent.skills) <= set(builtin_skills())
+        assert ("skill" in agent.tools) == bool(agent.skills), agent.name
         # A real prompt: several paragraphs, not a line.
         assert len(agent.system_prompt) > 1500
         assert agent.system_prompt.count("\n\n") >= 4
@@ -170,7 +174,9 @@ async def test_every_builtin_agent_runs_a_turn_as_itself(main: Api) -> None:
     for name in BUILTINS:
         agent = builtin_agents()[name]
         echoed = await main.echo(agent=name)
-        assert echoed["system"] == agent.system_prompt, name
+        # The agent's prompt, then its skills' names and descriptions (test_skills.py).
+        assert echoed["system"].startswith(agent.system_prompt), name
+        assert ("# Skills" in echoed["system"]) == bool(agent.skills), name
         assert echoed["tools"] == [t.name for t in agent.tool_specs()], name
         # Its preferred provider is not served here: the engine's default model.
         assert echoed["model"] == "scripted", name
@@ -180,7 +186,7 @@ async def test_every_builtin_agent_runs_a_turn_as_itself(main: Api) -> None:
         assert shown.json()["builtin"] is True and shown.json()["created_at"] is None
     # No agent named: the default one.
     echoed = await main.echo()
-    assert echoed["system"] == builtin_agents()[DEFAULT_AGENT].system_prompt
+    assert echoed["system"].startswith(builtin_agents()[DEFAULT_AGENT].system_prompt)
 
 
 async def test_an_agent_without_a_tool_cannot_call_it(main: Api) -> None:
@@ -219,6 +225,7 @@ async def test_a_custom_agent_is_created_read_run_replaced_and_deleted(main: Api
     assert mine == [{k: v for k, v in agent.items() if k != "system_prompt"}]
 
     echoed = await main.echo(agent=name)
+    echoed.pop("soul")  # the tenant's brain's, whoever the agent is
     assert echoed == {
         "model": "zed-1",  # its preferred model: the scripted provider is served
         "system": body["system_prompt"],
@@ -322,7 +329,7 @@ async def test_names_are_unique_and_builtins_are_fixed(main: Api) -> None:
     taken = await main.call("POST", "/agents", new_agent("general"))
     assert taken.status_code == 409 and taken.json()["error"] == "AGENT_EXISTS"
     assert "built-in" in taken.json()["message"]
-    assert (await main.echo())["system"] == builtin_agents()["general"].system_prompt
+    assert (await main.echo())["system"].startswith(builtin_agents()["general"].system_prompt)
 
     name = unique("twice")
     assert (await main.call("POST", "/agents", new_agent(name))).status_code == 201

@@ -79,7 +79,8 @@ async def _fill(database_url: str, brain: Brain) -> None:
             ),
             {"t": brain.tenant_id, "u": brain.user_id, "n": _EPISODES, "w": words},
         )
-    async with engine.connect() as conn:
+    # As autovacuum would after such a load: the planner needs to know the brain is big.
+    async with engine.begin() as conn:
         await conn.execute(text("ANALYZE memory_facts"))
         await conn.execute(text("ANALYZE memory_episodes"))
     await engine.dispose()

@@ -47,6 +47,24 @@ class ErrorCode(StrEnum):
     AGENT_BUILTIN = "AGENT_BUILTIN"
     # Long-term memory (/memory): a fact the brain does not hold (also another tenant's).
     MEMORY_NOT_FOUND = "MEMORY_NOT_FOUND"
+    # Skills (/skills, and the skill tool): no such skill for the tenant (also another tenant's).
+    SKILL_NOT_FOUND = "SKILL_NOT_FOUND"
+    # POST /skills with a name taken, by a built-in or the tenant's own skill.
+    SKILL_EXISTS = "SKILL_EXISTS"
+    # DELETE of a built-in skill: they ship with the engine.
+    SKILL_BUILTIN = "SKILL_BUILTIN"
+    # An uploaded skill over a size or file-count cap (413).
+    SKILL_TOO_LARGE = "SKILL_TOO_LARGE"
+    # The Asset Directory (/assets/servers): no such server for the tenant (also another tenant's).
+    ASSET_NOT_FOUND = "ASSET_NOT_FOUND"
+    # POST /assets/servers with a name the tenant already uses.
+    ASSET_EXISTS = "ASSET_EXISTS"
+    # The MCP server could not be reached or listed (or no tool-runner answered for it).
+    ASSET_UNAVAILABLE = "ASSET_UNAVAILABLE"
+    # GET /assets/servers/{name}/connect of a server that does not use oauth2.
+    ASSET_NOT_OAUTH2 = "ASSET_NOT_OAUTH2"
+    # An OAuth authorization that cannot complete (unknown or expired state, a refused code).
+    ASSET_AUTHORIZATION_FAILED = "ASSET_AUTHORIZATION_FAILED"
 
 
 class HoldfastError(Exception):

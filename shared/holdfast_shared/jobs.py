@@ -77,6 +77,44 @@ class ToolCallJob(_Entry):
     reply_to: str
     network: bool = False
     timeout_seconds: float = 60.0
+    # Skills (of the tenant's, or built-in) whose folders the call's sandbox
+    # mounts read-only at .skills/<name>/ in the workspace.
+    skills: tuple[str, ...] = ()
+    # Set for a tool of an Asset Directory server (an MCP tool): the server's
+    # name, and the server's own name for the tool (``tool`` is the model's,
+    # ``{server}__{tool}``). The runner looks the server up for the tenant and
+    # calls it; no credential ever travels on a stream.
+    server: str | None = None
+    server_tool: str | None = None
+
+
+class AssetProbe(_Entry):
+    """Connect to a tenant's Asset Directory server and list its tools: sent by
+    the gateway on ``Keys.tools`` (a registration, a completed authorization).
+
+    The runner answers on the Redis list ``reply_to`` with an
+    :class:`AssetProbeResult`; the server's configuration and credentials are
+    read from PostgreSQL, never carried here.
+    """
+
+    FIELD: ClassVar[str] = "asset_probe"
+
+    tenant_id: str
+    server: str
+    reply_to: str
+
+
+class AssetProbeResult(BaseModel):
+    """What a probe found: the tools (as stored, ``assets.catalogue.listed_tool``)
+    or why there are none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tools: list[dict[str, Any]] = []
+    error: str | None = None
+    needs_authorization: bool = False
+    # Set by the gateway itself when no tool-runner answered the probe.
+    no_runner: bool = False
 
 
 class WorkspaceRemoval(_Entry):

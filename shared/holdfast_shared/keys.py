@@ -89,6 +89,11 @@ class Keys:
         (refreshed, short TTL)."""
         return f"{self.prefix}learner:{learner_id}:alive"
 
+    def asset_probe_reply(self, request_id: str) -> str:
+        """List a tool-runner pushes its answer to an ``AssetProbe`` onto (the gateway
+        waits on it with ``BLPOP``); short-lived."""
+        return f"{self.prefix}assets:probe:{request_id}"
+
     def gateway_wake(self, gateway_id: str) -> str:
         """Stream a gateway's tailer also blocks on, so a new subscriber can wake it."""
         return f"{self.prefix}gateway:{gateway_id}:wake"

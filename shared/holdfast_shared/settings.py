@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -125,6 +125,24 @@ class Settings(BaseSettings):
         default="wordllama",
         pattern=r"^(none|wordllama|hashing(@[0-9]+)?|(openai|gemini):[^@\s]+(@[0-9]+)?)$",
     )
+
+    # The Asset Directory (shared assets/): the Fernet key(s) that encrypt MCP
+    # servers' credentials and env at rest, comma-separated, the first encrypting
+    # (the others still decrypt: rotation). The gateway refuses to start without
+    # one; `holdfast up` generates one and keeps it in <data_dir>/asset-key.
+    asset_encryption_key: SecretStr | None = None
+    # Host directories bound read-only, at the same path, into the sandbox of
+    # every stdio MCP server (where the operator installed them: node_modules, a
+    # virtualenv); /usr is always there.
+    asset_stdio_paths: list[Path] = []
+    # A tool-runner closes an MCP session idle this long (sessions are kept per
+    # tenant, task and server, and closed when the task's turn ends).
+    asset_session_idle_seconds: float = Field(default=300.0, gt=0)
+    # Connecting to a server and listing its tools (registration, OAuth callback).
+    asset_connect_timeout_seconds: float = Field(default=30.0, gt=0)
+    # The gateway's public base URL, for the OAuth redirect URI
+    # (<public_url>/assets/oauth/callback); unset: the URL the request came in on.
+    public_url: str | None = None
 
     # How many turns one loop-worker process runs at once.
     worker_concurrency: int = 64

@@ -121,6 +121,27 @@ MEMORY_SAVE = ToolSpec(
     _schema({"fact": {"type": "string", "description": "The fact, as a full sentence."}}, ["fact"]),
 )
 
+# Run by the loop (loop-worker skills.py): loads one of the agent's skills
+# (holdfast_shared.skills), or runs a prompt-only one as a sub-call to the model.
+# Offered only to an agent that has skills; the enum of names is the agent's own.
+SKILL = ToolSpec(
+    "skill",
+    "Use one of your skills (listed under Skills in your instructions). Without input: "
+    "returns the skill's instructions and its files; read them before doing the work. With "
+    "input, a skill without files does the work itself and returns its answer.",
+    _schema(
+        {
+            "name": {"type": "string", "description": "The skill's name."},
+            "input": {
+                "type": "string",
+                "description": "For a skill without files: the material to work on and what "
+                "you need (omit to load the instructions).",
+            },
+        },
+        ["name"],
+    ),
+)
+
 BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     BASH,
     READ_FILE,
@@ -131,6 +152,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     WORKING_MEMORY,
     MEMORY_SEARCH,
     MEMORY_SAVE,
+    SKILL,
 )
 BUILTIN_BY_NAME = {tool.name: tool for tool in BUILTIN_TOOLS}
 
@@ -139,6 +161,7 @@ DEFAULT_PERMISSIONS: dict[str, Permission] = {
     "working_memory": "allow",
     "memory_search": "allow",
     "memory_save": "allow",
+    "skill": "allow",
     "read_file": "allow",
     "list_dir": "allow",
     "bash": "ask",

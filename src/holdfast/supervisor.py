@@ -2,9 +2,11 @@
 
 In order: lock the data directory (one supervisor per directory); start an
 embedded Redis / PostgreSQL for each URL left unset; run migrations; make sure
-an API key exists; start every service as a child process
-(``python -m holdfast <service>``) with the URLs in its environment, and
-restart any that dies, with backoff. On Ctrl-C or SIGTERM: SIGTERM to every
+an API key exists, and the Asset Directory's encryption key (kept in
+``<data dir>/asset-key`` unless ``HOLDFAST_ASSET_ENCRYPTION_KEY`` is set);
+start every service as a child process (``python -m holdfast <service>``)
+with the URLs and that key in its environment, and restart any that dies,
+with backoff. On Ctrl-C or SIGTERM: SIGTERM to every
 service, SIGKILL to those still running after ``STOP_GRACE_SECONDS``, then
 the embedded servers are stopped, and the exit status is 0.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from holdfast_shared.assets import Vault
 from holdfast_shared.db import create_engine, session_factory, upgrade_head
 from holdfast_shared.settings import Settings
 from holdfast_shared.tenancy import DEFAULT_TENANT, add_key, generate_key, has_any_key
@@ -43,6 +46,8 @@ BACKOFF_MAX_SECONDS = 30.0
 # A service that ran this long before dying is restarted without waiting.
 STABLE_SECONDS = 30.0
 KEY_FILE = "api-key"
+# The Asset Directory's encryption key, kept next to the data it protects.
+ASSET_KEY_FILE = "asset-key"
 
 
 def run_up(settings: Settings, *, workers: int, console: Console) -> int:
@@ -104,6 +109,9 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
         )
         env = {
             **os.environ,
+            "HOLDFAST_ASSET_ENCRYPTION_KEY": await asyncio.to_thread(
+                _asset_key, settings, data_dir / ASSET_KEY_FILE
+            ),
             "HOLDFAST_REDIS_URL": redis_url,
             "HOLDFAST_DATABASE_URL": database_url,
             SUPERVISOR_PID_ENV: str(os.getpid()),
@@ -240,6 +248,19 @@ async def _ensure_api_key(
             return key, f"in {key_file}"
     finally:
         await engine.dispose()
+
+
+def _asset_key(settings: Settings, key_file: Path) -> str:
+    """``HOLDFAST_ASSET_ENCRYPTION_KEY`` if set, else the one kept in ``key_file``
+    (made on the first start, mode 0600): the services of this data directory
+    must always open the credentials they sealed before."""
+    if settings.asset_encryption_key is not None:
+        return settings.asset_encryption_key.get_secret_value()
+    if key_file.exists():
+        return key_file.read_text().strip()
+    key = Vault.generate_key()
+    _write_secret(key_file, key)
+    return key
 
 
 def _write_secret(path: Path, secret: str) -> None:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from holdfast_shared.assets import vault_from_settings
 from holdfast_shared.background import Background
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import EventLog
@@ -23,6 +24,7 @@ from holdfast_gateway.deps import JsonBody
 from holdfast_gateway.fanout import Hub
 from holdfast_gateway.routes import (
     agents,
+    assets,
     cancel,
     execute,
     health,
@@ -30,6 +32,7 @@ from holdfast_gateway.routes import (
     learning,
     memory,
     replay,
+    skills,
     tasks,
 )
 from holdfast_gateway.state import GatewayState
@@ -40,6 +43,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # First: a gateway that could not keep credentials encrypted does not start.
+        vault = vault_from_settings(settings)
         redis = connect(redis_url, max_connections=1000)
         engine = create_engine(database_url, pool_size=8)
         sessions = session_factory(engine)
@@ -64,6 +69,7 @@ def create_app(settings: Settings) -> FastAPI:
                 failure_window_seconds=settings.auth_failure_window_seconds,
             ),
             memory_index=await open_index(engine, embedder),
+            vault=vault,
         )
         try:
             async with Background() as background:
@@ -100,6 +106,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(hitl.router)
     app.include_router(tasks.router, responses=errors.responses(*errors.AUTHENTICATED, 404))
     app.include_router(agents.router)
+    app.include_router(assets.router)
+    app.include_router(skills.router)
     app.include_router(memory.router)
     app.include_router(learning.router)
     app.include_router(health.router)

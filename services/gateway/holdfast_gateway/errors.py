@@ -87,21 +87,34 @@ _DESCRIPTIONS = {
     404: (
         "`TASK_NOT_FOUND` (also for another tenant's task), `HITL_NOT_FOUND`, "
         "`AGENT_NOT_FOUND` (also for another tenant's agent), "
-        "`MEMORY_NOT_FOUND` (a fact the brain does not hold, also another tenant's)"
+        "`MEMORY_NOT_FOUND` (a fact the brain does not hold, also another tenant's), "
+        "`SKILL_NOT_FOUND` (also for another tenant's skill), "
+        "`ASSET_NOT_FOUND` (an Asset Directory server, also another tenant's; "
+        "or an OAuth callback's unknown state)"
     ),
     409: (
         "`TURN_IN_PROGRESS`, `HITL_REQUIRED`, `NO_RUNNING_TURN`, `HITL_ALREADY_ANSWERED`, "
-        "`AGENT_EXISTS` (the name is taken), `AGENT_BUILTIN` (built-ins cannot change)"
+        "`AGENT_EXISTS` (the name is taken), `AGENT_BUILTIN` (built-ins cannot change), "
+        "`SKILL_EXISTS`, `SKILL_BUILTIN`, `ASSET_EXISTS` (the server's name is taken), "
+        "`ASSET_NOT_OAUTH2` (connecting a server that does not use oauth2)"
+    ),
+    400: (
+        "`ASSET_AUTHORIZATION_FAILED`: the OAuth callback's state is unknown or expired, "
+        "or the authorization server refused"
     ),
     410: "`HITL_EXPIRED`: the question expired or its turn ended",
-    413: "`BODY_TOO_LARGE`: the body is larger than `HOLDFAST_MAX_BODY_BYTES`",
+    413: (
+        "`BODY_TOO_LARGE`: the body is larger than `HOLDFAST_MAX_BODY_BYTES`; "
+        "`SKILL_TOO_LARGE`: a skill over its file count or size caps (`details.limit`)"
+    ),
     415: (
         "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json` "
-        "(`application/x-ndjson` for `/memory/import`)"
+        "(`application/x-ndjson` for `/memory/import`; `application/zip` also for `/skills`)"
     ),
     422: (
         "`INVALID_REQUEST` (`details.errors` names each field), `MODEL_UNAVAILABLE`, "
-        "`UNSUPPORTED_MEDIA` (the turn's model cannot take a media type; `details.media_type`)"
+        "`UNSUPPORTED_MEDIA` (the turn's model cannot take a media type; `details.media_type`), "
+        "`ASSET_UNAVAILABLE` (the MCP server named could not be listed; nothing was stored)"
     ),
     429: "`RATE_LIMITED`: too many failed API-key checks from this address; see `Retry-After`",
     500: "`INTERNAL`: an unexpected error, logged by the gateway",

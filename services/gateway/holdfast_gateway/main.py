@@ -2,11 +2,14 @@
 
 Serves: ``POST /execute`` (a turn, streamed), ``GET /execute/replay``,
 ``POST /execute/cancel``, ``GET /hitl/pending``, ``POST /hitl/respond``,
-``DELETE /tasks/{task_id}``, ``GET /health``, ``/openapi.json`` and (unless
-``HOLDFAST_DOCS_ENABLED=false``) ``/docs`` with its assets from the package.
+``DELETE /tasks/{task_id}``, ``/agents``, ``/skills``, ``/assets`` (the Asset
+Directory's MCP servers, their OAuth connect and callback), ``GET /health``,
+``/openapi.json`` and (unless ``HOLDFAST_DOCS_ENABLED=false``) ``/docs`` with
+its assets from the package.
 Produces: tasks, turns and user messages in PostgreSQL; each turn's
 ``started`` event; turn jobs and resume jobs on ``Keys.turns``; cancel
-nudges on ``Keys.cancels``; workspace removals on ``Keys.tools``; SSE streams
+nudges on ``Keys.cancels``; workspace removals and MCP server probes on
+``Keys.tools``; Asset Directory servers with their credentials sealed; SSE streams
 tailed from the task event logs (one tailer per process, ``fanout.py``).
 Guarantees: a refused request writes nothing and gets a JSON error (4xx, or
 503 while a store is down; never a plain-text 500); bodies are capped before
@@ -17,7 +20,10 @@ names are per tenant.
 
 from __future__ import annotations
 
+import sys
+
 import uvicorn
+from holdfast_shared.assets import VaultError, vault_from_settings
 from holdfast_shared.logs import configure_logging
 from holdfast_shared.settings import get_settings
 
@@ -27,6 +33,11 @@ from holdfast_gateway.app import create_app
 def main() -> None:
     settings = get_settings()
     configure_logging(settings.log_level, "gateway")
+    try:
+        vault_from_settings(settings)
+    except VaultError as exc:
+        # Refused before serving anything: credentials could not be kept encrypted.
+        sys.exit(f"gateway: not starting: {exc}")
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from holdfast_shared.assets import Vault
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.keys import Keys
 from holdfast_shared.memory.index import MemoryIndex
@@ -31,4 +32,7 @@ class GatewayState:
     # Vector search over long-term memory; None: full text alone (no pgvector,
     # or HOLDFAST_EMBEDDER=none).
     memory_index: MemoryIndex | None = None
+    # Seals and opens the Asset Directory's credentials (HOLDFAST_ASSET_ENCRYPTION_KEY;
+    # the lifespan refuses to start without it).
+    vault: Vault | None = None
     started_at: float = field(default_factory=time.monotonic)

@@ -7,6 +7,9 @@ it there: a call already executed is never executed again). Policy
 decisions and permission prompts are the loop's (``turn.py``): this module
 only executes, and says what the policy is (:meth:`ToolCaller.policy`): the
 turn's agent's (``holdfast_shared.agents``) under the operator's overrides.
+An Asset Directory server's tool (an MCP tool, ``{server}__{tool}``) goes the
+same way, to the same runners, with the server named on the job; its default
+rule comes from the server's annotations (``holdfast_shared.assets.catalogue``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from holdfast_shared.agents import AgentDefinition
+from holdfast_shared.assets import ServerTool, agent_server_tools, rule_for
+from holdfast_shared.assets.catalogue import server_wildcard
 from holdfast_shared.db.models import ToolResultRecord
 from holdfast_shared.jobs import ToolCallJob, ToolOutcome
 from holdfast_shared.keys import Keys
@@ -42,6 +47,8 @@ class CallContext:
     task_id: str
     turn_id: str
     agent: AgentDefinition
+    # The agent's skills with files: mounted read-only in the call's sandbox.
+    skills: tuple[str, ...] = ()
 
 
 class ToolCaller:
@@ -64,13 +71,35 @@ class ToolCaller:
         self.network_agents = network_agents
         self.timeout_seconds = timeout_seconds
 
-    def policy(self, agent: AgentDefinition, tool: str) -> str:
+    def policy(
+        self, agent: AgentDefinition, tool: str, server_tool: ServerTool | None = None
+    ) -> str:
         """``allow``, ``ask`` or ``deny``: the operator's rule for the agent
         (``HOLDFAST_TOOL_PERMISSIONS``, via ``permission``), else the agent's own.
-        ``unknown`` for a tool that is not the agent's (refused outright)."""
+        ``unknown`` for a tool that is not the agent's (refused outright).
+
+        For ``server_tool`` (one of the agent's servers' tools): the operator's
+        rule by its name or ``{server}__*``, the agent's the same way, else
+        ``allow`` for a tool the server marks read-only and ``ask`` for any other.
+        """
+        if server_tool is not None:
+            return (
+                self.permission(agent.name, server_tool.name)
+                or self.permission(agent.name, server_wildcard(server_tool.server))
+                or rule_for(server_tool, agent.permissions)
+                or server_tool.default_permission()
+            )
         if tool not in BUILTIN_BY_NAME or tool not in agent.tools:
             return "unknown"
         return self.permission(agent.name, tool) or agent.permission(tool)
+
+    async def server_tools(self, tenant_id: str, agent: AgentDefinition) -> dict[str, ServerTool]:
+        """The tools of the agent's Asset Directory servers, by the model's name for them."""
+        if not agent.servers:
+            return {}
+        async with self.sessions() as session:
+            found = await agent_server_tools(session, tenant_id, agent.servers)
+        return {tool.name: tool for tool in found}
 
     def network(self, agent: AgentDefinition) -> bool:
         """Whether the agent's sandbox has the network: its definition says so,
@@ -85,6 +114,7 @@ class ToolCaller:
         tool_input: dict[str, Any],
         *,
         recall: bool = True,
+        server_tool: ServerTool | None = None,
     ) -> ToolOutcome:
         """Execute on a tool-runner (or recall the stored outcome) and wait for it.
 
@@ -109,6 +139,9 @@ class ToolCaller:
             reply_to=self.inbox.stream,
             network=self.network(ctx.agent),
             timeout_seconds=timeout,
+            skills=ctx.skills,
+            server=server_tool.server if server_tool else None,
+            server_tool=server_tool.tool if server_tool else None,
         )
         correlation = f"{ctx.task_id}:{tool_call_id}"
         while True:

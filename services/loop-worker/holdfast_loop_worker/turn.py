@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from holdfast_shared.agents import AgentDefinition, AgentNotFound, model_for, resolve_agent
+from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
 from holdfast_shared.eventlog import EventLog, next_epoch
@@ -83,6 +84,7 @@ from holdfast_shared.tools import (
     ASK_USER,
     MEMORY_SAVE,
     MEMORY_SEARCH,
+    SKILL,
     WORKING_MEMORY,
 )
 from holdfast_shared.turnlock import TurnLock
@@ -98,6 +100,7 @@ from holdfast_loop_worker.context.tokens import recalibrate
 from holdfast_loop_worker.emitter import Emitter
 from holdfast_loop_worker.hitl import Answer, HumanChannel
 from holdfast_loop_worker.lease import Leases
+from holdfast_loop_worker.skills import TurnSkills
 from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller, preview
@@ -172,6 +175,13 @@ class TurnRunner:
         # Who the model is in this turn (system prompt, tools, policy, network),
         # resolved when the turn starts or resumes (_drive).
         self.definition: AgentDefinition | None = None
+        # The tools of the agent's Asset Directory servers, by the model's name
+        # (``{server}__{tool}``), read with the agent (_drive).
+        self.server_tools: dict[str, ServerTool] = {}
+        # The agent's skills (in the system prompt, the skill tool, the sandbox's
+        # mounts) and the turn's model, read with the agent (_drive).
+        self.skills = TurnSkills()
+        self.choice: ModelChoice | None = None
         # Stops requested from outside (cancel, hand-back): see stopping.py.
         self.stop = TurnStop()
         # What the task's last turn left (tasks row), for a turn that starts fresh.
@@ -295,6 +305,11 @@ class TurnRunner:
         # the turn's row, and a custom one deleted since fails the turn here.
         agent = await resolve_agent(self.ctx.sessions, self.job.tenant_id, self.agent)
         self.definition = agent
+        if self.ctx.tools is not None:
+            self.server_tools = await self.ctx.tools.server_tools(self.job.tenant_id, agent)
+        self.skills = await TurnSkills.load(
+            self.ctx.sessions, self.job.tenant_id, agent, tools=self.ctx.tools is not None
+        )
         choice = self.ctx.providers.resolve(
             model_for(
                 agent,
@@ -305,6 +320,7 @@ class TurnRunner:
         )
         self.provider_name = choice.provider.name
         self.model_name = choice.model
+        self.choice = choice
         state = self.state
         while True:
             if state.stage == "final":
@@ -365,9 +381,13 @@ class TurnRunner:
             scope,
             self.state,
             choice,
-            system_prompt=self._agent.system_prompt,
+            system_prompt=self.skills.system_prompt(self._agent.system_prompt),
             # Without tool-runners, no tools at all (as _call_outcome answers).
-            tools=self._agent.tool_specs() if self.ctx.tools is not None else (),
+            tools=(
+                (*self._agent.tool_specs(), *(t.spec for t in self.server_tools.values()))
+                if self.ctx.tools is not None
+                else ()
+            ),
             emit=self.emitter.emit,
             harder=harder,
         )
@@ -488,7 +508,8 @@ class TurnRunner:
         tools = self.ctx.tools
         if tools is None:
             return ToolOutcome(error="tools are not available on this engine")
-        if call.name not in self._agent.tools:
+        server_tool = self.server_tools.get(call.name)
+        if call.name not in self._agent.tools and server_tool is None:
             return ToolOutcome(error=f"unknown tool {call.name!r}")
         if call.name == ASK_USER.name:
             return await self._ask_user(call)
@@ -497,7 +518,7 @@ class TurnRunner:
                 self.job.task_id, self.state, call.input, self.emitter.emit
             )
         self.used_tools = True
-        rule = tools.policy(self._agent, call.name)
+        rule = tools.policy(self._agent, call.name, server_tool)
         if rule == "unknown":
             return ToolOutcome(error=f"unknown tool {call.name!r}")
         if rule == "deny":
@@ -506,13 +527,29 @@ class TurnRunner:
             refusal = await self._permission(call)
             if refusal is not None:
                 return refusal
+        if call.name == SKILL.name and self.choice is not None:
+            return await self.skills.call(
+                self.ctx.sessions,
+                call.input,
+                self.choice,
+                attempts=self.ctx.retry_attempts,
+                usage=self.state.usage,
+            )
         memory = self.ctx.context.memory
         if call.name == MEMORY_SEARCH.name:
             return await memory.search_call(self._brain, call.input)
         if call.name == MEMORY_SAVE.name:
             return await memory.save_call(self._brain, self.job.task_id, call.input)
-        ctx = CallContext(self.job.tenant_id, self.job.task_id, self.job.turn_id, self._agent)
-        return await tools.run(ctx, call.id, call.name, call.input, recall=self.resuming)
+        ctx = CallContext(
+            self.job.tenant_id,
+            self.job.task_id,
+            self.job.turn_id,
+            self._agent,
+            skills=self.skills.mounted,
+        )
+        return await tools.run(
+            ctx, call.id, call.name, call.input, recall=self.resuming, server_tool=server_tool
+        )
 
     async def _permission(self, call: PendingCall) -> ToolOutcome | None:
         """None when the user allowed the call; else the outcome the model sees."""

@@ -164,13 +164,20 @@ async def run_tool(
     network: bool,
     timeout_seconds: float,
     launchers: Launchers | None = None,
+    skill_mounts: tuple[tuple[Path, str], ...] = (),
 ) -> ToolOutcome:
     """Run one built-in tool in the task's sandbox; failures come back as ``error``.
 
-    ``launchers``: the runner's pool of processes spawned ahead of calls.
+    ``launchers``: the runner's pool of processes spawned ahead of calls;
+    ``skill_mounts``: skills' folders to mount read-only at ``.skills/<name>``.
     """
     timeout = max(0.1, min(timeout_seconds, MAX_TIMEOUT_SECONDS))
-    policy = SandboxPolicy(workspace=workspace, network=network, timeout_seconds=timeout)
+    policy = SandboxPolicy(
+        workspace=workspace,
+        network=network,
+        timeout_seconds=timeout,
+        skill_mounts=skill_mounts,
+    )
     if tool == "bash":
         command = tool_input.get("command")
         if not isinstance(command, str) or not command:

@@ -4,7 +4,9 @@ Calls run concurrently (up to ``concurrency``) so a long command never holds
 up another task's call. A call is acknowledged after its outcome is stored
 and sent; a runner that dies leaves it pending, and another runner claims it
 after ``claim_idle_ms`` — where the executor's idempotency record makes sure
-it is answered, never run twice. Turn-end reap requests arrive on a pub/sub
+it is answered, never run twice. Asset Directory probes (list a server's tools)
+come on the same stream and are answered on the gateway's reply list. Turn-end
+reap requests (which also close the task's MCP sessions) arrive on a pub/sub
 channel, since every runner may hold processes of that task.
 """
 
@@ -14,7 +16,7 @@ import asyncio
 import logging
 
 from holdfast_shared.background import Background
-from holdfast_shared.jobs import ToolCallJob, WorkspaceRemoval
+from holdfast_shared.jobs import AssetProbe, AssetProbeResult, ToolCallJob, WorkspaceRemoval
 from holdfast_shared.keys import TOOLS_GROUP, Keys
 from holdfast_shared.pubsub import listen
 from holdfast_shared.streams import ensure_group
@@ -117,6 +119,10 @@ class ToolConsumer:
             if removal is not None:
                 await self._handle_removal(entry_id, removal)
                 return
+            probe = AssetProbe.find(fields)
+            if probe is not None:
+                await self._handle_probe(entry_id, probe)
+                return
             job = ToolCallJob.from_fields(fields)
         except ValueError:
             log.error("dropping malformed tool call %s: %r", entry_id, fields)
@@ -147,6 +153,25 @@ class ToolConsumer:
             return
         await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
 
+    async def _handle_probe(self, entry_id: str, probe: AssetProbe) -> None:
+        """List an Asset Directory server's tools for the gateway waiting on ``reply_to``."""
+        connectors = self.executor.connectors
+        if connectors is None:
+            result = AssetProbeResult(error="MCP servers are not available on this tool-runner")
+        else:
+            result = await connectors.probe(probe.tenant_id, probe.server)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(probe.reply_to, result.model_dump_json())
+            pipe.expire(probe.reply_to, 120)
+            await pipe.execute()
+        log.info(
+            "probed MCP server %s of tenant %s: %s",
+            probe.server,
+            probe.tenant_id,
+            "error" if result.error else f"{len(result.tools)} tool(s)",
+        )
+        await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+
     async def _remove_workspace(self, tenant_id: str, task_id: str) -> None:
         # Its processes first, so none still writes into it while it goes.
         await reap_leftovers(self.workspaces.path(tenant_id, task_id))
@@ -156,6 +181,9 @@ class ToolConsumer:
     async def _reap(self, data: str) -> None:
         """A turn ended (``<tenant_id> <task_id>``): kill what its tools left running."""
         tenant_id, _, task_id = data.partition(" ")
+        if self.executor.connectors is not None:
+            # Its MCP sessions too (a stdio server's process would be reaped anyway).
+            await self.executor.connectors.turn_ended(tenant_id, task_id)
         killed = await reap_leftovers(self.workspaces.path(tenant_id, task_id))
         if killed:
             log.info("reaped %d leftover process group(s) of task %s", killed, task_id)

@@ -6,6 +6,8 @@ call's stored outcome is sent again; a call another runner is still running
 is waited for; a call whose runner died mid-run (its ``runner_alive`` key
 lapsed, or it overran its timeout) is reported as interrupted —
 never run a second time, because its side effects may already have happened.
+A call of an Asset Directory server's tool (``job.server``) is claimed and
+answered the same way; it runs through ``connectors/`` instead of ``builtin.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_tool_runner.builtin import run_tool
+from holdfast_tool_runner.connectors import Connectors
 from holdfast_tool_runner.sandbox import Launchers, SandboxUnavailable
+from holdfast_tool_runner.skillfiles import SkillFiles, release_skills_dir, skills_dir_problem
 from holdfast_tool_runner.workspaces import WorkspaceError, Workspaces
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,8 @@ class ToolExecutor:
         workspaces: Workspaces,
         runner_id: str,
         launchers: Launchers | None = None,
+        skill_files: SkillFiles | None = None,
+        connectors: Connectors | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -50,6 +56,10 @@ class ToolExecutor:
         self.workspaces = workspaces
         self.runner_id = runner_id
         self.launchers = launchers
+        # Where the skills a call names are written out for its sandbox.
+        self.skill_files = skill_files
+        # The tenants' MCP servers (None: this runner calls none).
+        self.connectors = connectors
 
     async def handle(self, job: ToolCallJob) -> ToolOutcome:
         """Run (or recall) the call and send the outcome to ``job.reply_to``."""
@@ -70,6 +80,10 @@ class ToolExecutor:
         return await self._recall(job)
 
     async def _run(self, job: ToolCallJob) -> ToolOutcome:
+        if job.server is not None:
+            if self.connectors is None:
+                return ToolOutcome(error="MCP servers are not available on this tool-runner")
+            return await self.connectors.call(job)
         try:
             workspace: Path = await asyncio.to_thread(
                 self.workspaces.ensure, job.tenant_id, job.task_id
@@ -77,6 +91,15 @@ class ToolExecutor:
         except WorkspaceError as exc:
             # Fail closed as well: no workspace, or not one within its limits.
             return ToolOutcome(error=f"workspace unavailable, the tool did not run: {exc}")
+        mounts: tuple[tuple[Path, str], ...] = ()
+        if job.skills and self.skill_files is not None:
+            problem = await asyncio.to_thread(skills_dir_problem, workspace)
+            if problem is not None:
+                return ToolOutcome(error=problem)
+            try:
+                mounts = await self.skill_files.mounts(job.tenant_id, job.skills)
+            except OSError as exc:
+                return ToolOutcome(error=f"skills unavailable, the tool did not run: {exc}")
         try:
             return await run_tool(
                 job.tool,
@@ -85,10 +108,14 @@ class ToolExecutor:
                 network=job.network,
                 timeout_seconds=job.timeout_seconds,
                 launchers=self.launchers,
+                skill_mounts=mounts,
             )
         except SandboxUnavailable as exc:
             # Fail closed: the tool did not run, and the model is told why.
             return ToolOutcome(error=f"sandbox unavailable, the tool did not run: {exc}")
+        finally:
+            if mounts:
+                await asyncio.to_thread(release_skills_dir, workspace)
 
     async def _claim(self, job: ToolCallJob) -> bool:
         async with self.sessions.begin() as session:

@@ -1,14 +1,17 @@
 """tool-runner entry point.
 
-Consumes: tool calls (``Keys.tools``, group ``tool-runners``); turn-end reap
-requests (``Keys.tools_reap``).
+Consumes: tool calls (``Keys.tools``, group ``tool-runners``), built-in tools
+and Asset Directory (MCP) servers' tools alike, and probes of MCP servers;
+turn-end reap requests (``Keys.tools_reap``).
 Produces: each call's outcome in ``tool_results`` (PostgreSQL) and on the
-waiting loop-worker's inbox; files in the task's workspace (one size-capped
-filesystem per tenant and task, removed with the task).
+waiting loop-worker's inbox; a probe's tools on the gateway's reply list;
+files in the task's workspace (one size-capped filesystem per tenant and
+task, removed with the task).
 Guarantees: every process a tool starts runs in the sandbox (bubblewrap +
-seccomp + landlock + limits) or not at all; a call runs at most once, and a
-redelivered call gets the stored outcome; SIGTERM stops taking calls and
-lets running ones finish.
+seccomp + landlock + limits) or not at all — an MCP stdio server too; a call
+runs at most once, and a redelivered call gets the stored outcome; an MCP
+server's credentials never leave this process except to that server;
+SIGTERM stops taking calls and lets running ones finish.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import signal
 import socket
 
 from holdfast_shared import runners
+from holdfast_shared.assets import Vault, VaultError, vault_from_settings
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
@@ -27,9 +31,11 @@ from holdfast_shared.logs import configure_logging
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 
+from holdfast_tool_runner.connectors import Connectors
 from holdfast_tool_runner.consumer import ToolConsumer
 from holdfast_tool_runner.executor import ToolExecutor
 from holdfast_tool_runner.sandbox import launcher_pool, probe
+from holdfast_tool_runner.skillfiles import CACHE_DIR, SkillFiles
 from holdfast_tool_runner.sweeper import sweep_once
 from holdfast_tool_runner.workspaces import Workspaces
 
@@ -37,6 +43,17 @@ log = logging.getLogger(__name__)
 
 # How often workspaces of deleted tasks whose removal job was lost are looked for.
 _SWEEP_SECONDS = 600.0
+# How often idle MCP sessions are looked for.
+_MCP_SWEEP_SECONDS = 15.0
+
+
+def _vault(settings: Settings) -> Vault | None:
+    """The Asset Directory's key; without it MCP calls fail with the reason."""
+    try:
+        return vault_from_settings(settings)
+    except VaultError as exc:
+        log.warning("MCP servers unavailable on this runner: %s", exc)
+        return None
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -55,10 +72,28 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     found = await probe(workspaces=workspaces.describe())
     # None when the host cannot sandbox: every call then fails closed with the reason.
     launchers = launcher_pool(spares=settings.sandbox_spares) if found.available else None
+    connectors = Connectors(
+        sessions,
+        _vault(settings),
+        workspaces,
+        launchers=launchers,
+        stdio_paths=tuple(settings.asset_stdio_paths),
+        idle_seconds=settings.asset_session_idle_seconds,
+        connect_timeout=settings.asset_connect_timeout_seconds,
+    )
     consumer = ToolConsumer(
         redis,
         keys,
-        ToolExecutor(redis, keys, sessions, workspaces, runner_id, launchers),
+        ToolExecutor(
+            redis,
+            keys,
+            sessions,
+            workspaces,
+            runner_id,
+            launchers,
+            skill_files=SkillFiles(workspaces.root / CACHE_DIR, sessions),
+            connectors=connectors,
+        ),
         workspaces,
         consumer_name=runner_id,
         concurrency=settings.tool_concurrency,
@@ -87,8 +122,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 ),
                 name="workspace-sweep",
             )
+            background.start(
+                every(
+                    _MCP_SWEEP_SECONDS,
+                    connectors.sweep,
+                    what="closing idle MCP sessions",
+                ),
+                name="mcp-session-sweep",
+            )
             await consumer.run(stop)
     finally:
+        await connectors.aclose()
         if launchers is not None:
             await launchers.aclose()
         await runners.withdraw(redis, keys, runner_id)
@@ -101,4 +145,7 @@ def main() -> None:
     """Run the tool-runner until SIGTERM/SIGINT."""
     settings = get_settings()
     configure_logging(settings.log_level, "tool-runner")
+    # Their request lines name MCP servers' URLs, which may carry a key.
+    for noisy in ("httpx", "httpx2", "mcp"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
     asyncio.run(serve(settings))

@@ -6,15 +6,16 @@ how a name is resolved for a tenant.
 """
 
 from holdfast_shared.agents.definitions import (
-    BUILTIN_SKILLS,
     DEFAULT_AGENT,
     AgentDefinition,
     AgentNotFound,
     builtin_agents,
+    check_permission_key,
     check_tool,
     effective_permissions,
     model_for,
     parse_agent_file,
+    server_of_rule,
 )
 from holdfast_shared.agents.store import (
     custom_agents,
@@ -26,11 +27,11 @@ from holdfast_shared.agents.store import (
 )
 
 __all__ = [
-    "BUILTIN_SKILLS",
     "DEFAULT_AGENT",
     "AgentDefinition",
     "AgentNotFound",
     "builtin_agents",
+    "check_permission_key",
     "check_tool",
     "custom_agents",
     "effective_permissions",
@@ -39,6 +40,7 @@ __all__ = [
     "model_for",
     "parse_agent_file",
     "resolve_agent",
+    "server_of_rule",
     "unknown_servers",
     "unknown_skills",
 ]

@@ -20,6 +20,7 @@ Operators keep the last word over both (settings, applied by the services):
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from collections.abc import Collection, Iterable, Mapping
@@ -32,19 +33,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from holdfast_shared.errors import ErrorCode, HoldfastError
 from holdfast_shared.modelspec import parse_model_spec
+from holdfast_shared.skills.builtin import builtin_skills
 from holdfast_shared.tools import (
     BUILTIN_BY_NAME,
     BUILTIN_TOOLS,
     DEFAULT_PERMISSIONS,
+    SKILL,
     Permission,
     ToolSpec,
 )
 
 DEFAULT_AGENT = "general"
-
-# Skills shipped with the engine, by name. None yet: the skills work adds them
-# (and a tenant's own, checked in store.py).
-BUILTIN_SKILLS: frozenset[str] = frozenset()
 
 
 class AgentNotFound(HoldfastError):
@@ -81,8 +80,28 @@ class AgentDefinition(BaseModel):
         return self.permissions.get(tool) or DEFAULT_PERMISSIONS.get(tool, "ask")
 
     def tool_specs(self) -> tuple[ToolSpec, ...]:
-        """The tools offered to the model, in the catalogue's order (stable, for caches)."""
-        return tuple(tool for tool in BUILTIN_TOOLS if tool.name in self.tools)
+        """The tools offered to the model, in the catalogue's order (stable, for caches).
+
+        ``skill`` only when the agent has skills, its ``name`` an enum of them.
+        """
+        specs = []
+        for tool in BUILTIN_TOOLS:
+            if tool.name not in self.tools:
+                continue
+            if tool.name == SKILL.name:
+                if not self.skills:
+                    continue
+                tool = _skill_tool(self.skills)
+            specs.append(tool)
+        return tuple(specs)
+
+
+@functools.lru_cache(maxsize=256)
+def _skill_tool(skills: tuple[str, ...]) -> ToolSpec:
+    """The ``skill`` tool for an agent with ``skills``: its names the only choice."""
+    schema = copy.deepcopy(SKILL.input_schema)
+    schema["properties"]["name"]["enum"] = list(skills)
+    return ToolSpec(SKILL.name, SKILL.description, schema)
 
 
 def check_tool(name: str) -> str:
@@ -93,14 +112,37 @@ def check_tool(name: str) -> str:
     return name
 
 
+# A rule for an Asset Directory server's tool: ``{server}__{tool}``, or
+# ``{server}__*`` for all of the server's (holdfast_shared.assets.catalogue).
+SERVER_RULE_PATTERN = r"^[A-Za-z0-9]+(?:[-_][A-Za-z0-9]+)*__(?:\*|[A-Za-z0-9_-]{1,64})$"
+_SERVER_RULE = re.compile(SERVER_RULE_PATTERN)
+
+
+def server_of_rule(name: str) -> str | None:
+    """The server a permission rule's key names (``{server}__...``), else None."""
+    return name.split("__", 1)[0] if _SERVER_RULE.match(name) else None
+
+
+def check_permission_key(name: str) -> str:
+    """``name`` if it can carry a permission rule: a tool of the catalogue, or an
+    Asset Directory server's tool (``{server}__{tool}``, ``{server}__*``)."""
+    if server_of_rule(name) is not None:
+        return name
+    return check_tool(name)
+
+
 def effective_permissions(
     tools: Iterable[str], given: Mapping[str, Permission]
 ) -> dict[str, Permission]:
     """A rule for each of ``tools``: ``given``'s, else the default. Rules for
-    tools the agent does not have are dropped (they could never apply)."""
+    tools the agent does not have are dropped (they could never apply); rules
+    for its servers' tools are kept as given (the server's annotations give the
+    default, when the tool is called)."""
     for name in given:
-        check_tool(name)
-    return {tool: given.get(tool) or DEFAULT_PERMISSIONS.get(tool, "ask") for tool in tools}
+        check_permission_key(name)
+    rules = {tool: given.get(tool) or DEFAULT_PERMISSIONS.get(tool, "ask") for tool in tools}
+    rules.update({name: rule for name, rule in given.items() if server_of_rule(name)})
+    return rules
 
 
 def model_for(
@@ -154,7 +196,8 @@ def parse_agent_file(text: str) -> AgentDefinition:
         raise ValueError(f"invalid front matter: {exc}") from None
     for tool in front.tools:
         check_tool(tool)
-    unknown = [skill for skill in front.skills if skill not in BUILTIN_SKILLS]
+    # A built-in agent has built-in skills only (a tenant's are checked in store.py).
+    unknown = [skill for skill in front.skills if skill not in builtin_skills()]
     if unknown:
         raise ValueError(f"unknown skill {unknown[0]!r}")
     if front.model is not None:

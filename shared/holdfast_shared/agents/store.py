@@ -13,13 +13,14 @@ from typing import cast
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from holdfast_shared import skills
 from holdfast_shared.agents.definitions import (
-    BUILTIN_SKILLS,
     DEFAULT_AGENT,
     AgentDefinition,
     AgentNotFound,
     builtin_agents,
 )
+from holdfast_shared.assets.servers import registered as registered_servers
 from holdfast_shared.db.models import AgentRecord
 from holdfast_shared.tools import Permission
 
@@ -75,18 +76,13 @@ async def custom_agents(session: AsyncSession, tenant_id: str) -> list[AgentReco
 
 async def unknown_skills(session: AsyncSession, tenant_id: str, names: Iterable[str]) -> list[str]:
     """The names among ``names`` that are no skill the tenant can give an agent
-    (built-in or its own), in order, once each.
-
-    The one check of skill names: there are no skills yet, so every name is
-    unknown; the skills work extends it with the tenant's stored skills.
-    """
-    del session, tenant_id  # read once skills are stored per tenant
-    return [name for name in dict.fromkeys(names) if name not in BUILTIN_SKILLS]
+    (built-in or its own, ``holdfast_shared.skills``), in order, once each."""
+    return await skills.unknown_skills(session, tenant_id, names)
 
 
 async def unknown_servers(session: AsyncSession, tenant_id: str, names: Iterable[str]) -> list[str]:
     """The names among ``names`` that are no Asset Directory server of the
-    tenant, in order, once each. There is no Asset Directory yet: every name is
-    unknown; the MCP work extends this check."""
-    del session, tenant_id
-    return list(dict.fromkeys(names))
+    tenant (``asset_servers``; another tenant's are unknown), in order, once each."""
+    wanted = list(dict.fromkeys(names))
+    found = await registered_servers(session, tenant_id, wanted)
+    return [name for name in wanted if name not in found]

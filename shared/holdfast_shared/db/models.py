@@ -251,6 +251,10 @@ class ContextSummary(Base):
 # where pgvector is installed, live in ``memory_vectors`` (memory/vectors.py).
 
 _FTS = "to_tsvector('english', {})"
+# Full-text indexes without GIN's pending list: a fresh insert costs a little
+# more, and no search pays for scanning a list of unmerged inserts (which grows
+# between vacuums and made searches of a busy brain 20 times slower).
+_GIN = {"fastupdate": "off"}
 
 
 class TrajectoryRecord(Base):
@@ -290,7 +294,7 @@ class Episode(Base):
     __tablename__ = "memory_episodes"
     __table_args__ = (
         Index("ix_memory_episodes_brain", "tenant_id", "user_id", "occurred_at"),
-        Index("ix_memory_episodes_tsv", "tsv", postgresql_using="gin"),
+        Index("ix_memory_episodes_tsv", "tsv", postgresql_using="gin", postgresql_with=_GIN),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -318,7 +322,7 @@ class Fact(Base):
 
     __tablename__ = "memory_facts"
     __table_args__ = (
-        Index("ix_memory_facts_tsv", "tsv", postgresql_using="gin"),
+        Index("ix_memory_facts_tsv", "tsv", postgresql_using="gin", postgresql_with=_GIN),
         Index(
             "ix_memory_facts_current_key",
             "tenant_id",
@@ -362,7 +366,7 @@ class Entity(Base):
     __tablename__ = "memory_entities"
     __table_args__ = (
         UniqueConstraint("tenant_id", "user_id", "kind", "norm", name="uq_memory_entities_name"),
-        Index("ix_memory_entities_tsv", "tsv", postgresql_using="gin"),
+        Index("ix_memory_entities_tsv", "tsv", postgresql_using="gin", postgresql_with=_GIN),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -453,6 +457,78 @@ class AgentRecord(Base):
     # {tool: "allow" | "ask" | "deny"}
     permissions: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=sql("'{}'::jsonb"))
     network: Mapped[bool] = mapped_column(Boolean, server_default=sql("false"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+
+# -- skills -------------------------------------------------------------------
+
+
+class SkillRecord(Base):
+    """A tenant's own skill (``/skills``); built-in skills are folders
+    (``holdfast_shared/skills/builtin``) and never rows.
+
+    ``body`` is SKILL.md's Markdown after its front matter; ``files`` the
+    folder's other files as ``{relative path: base64 of the bytes}`` —
+    validated once at upload, so nothing reads an untrusted archive again.
+    ``digest`` is the SHA-256 of the skill's canonical content: the tool
+    runner's cache key for the materialised folder.
+    """
+
+    __tablename__ = "skills"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    description: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    files: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=sql("'{}'::jsonb"))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    digest: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+
+# -- the Asset Directory ----------------------------------------------------------
+
+
+class AssetServer(Base):
+    """A tenant's MCP server in the Asset Directory (``/assets/servers``).
+
+    ``env`` and ``credentials`` are Fernet tokens (``holdfast_shared.assets.vault``,
+    key ``HOLDFAST_ASSET_ENCRYPTION_KEY``), never plain text: the JSON of the stdio
+    server's environment, and of the credentials (a bearer token, or the OAuth
+    client, tokens, expiry and a pending authorization). ``oauth_state`` is the
+    SHA-256 of a pending authorization's ``state``, which is how the callback
+    (it carries no API key) finds its server. ``tools`` is what the server
+    offered when last listed: name, description, inputSchema, annotations.
+    """
+
+    __tablename__ = "asset_servers"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # streamable-http | stdio
+    transport: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str | None] = mapped_column(Text)
+    command: Mapped[str | None] = mapped_column(Text)
+    args: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
+    env: Mapped[str | None] = mapped_column(Text)
+    # none | bearer | oauth2
+    auth_type: Mapped[str] = mapped_column(String(16), server_default="none")
+    credentials: Mapped[str | None] = mapped_column(Text)
+    # ready | needs_authorization
+    status: Mapped[str] = mapped_column(String(32), server_default="ready")
+    oauth_state: Mapped[str | None] = mapped_column(String(64), unique=True)
+    tools: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
+    tools_listed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()

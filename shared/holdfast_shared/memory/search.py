@@ -1,8 +1,8 @@
 """Finding memories again: full text always, vectors where there are some, fused.
 
 Each kind (knowledge, episodes, social) is searched on its own: PostgreSQL
-full-text search over the row's generated ``tsv`` (any of the query's words
-may match; rows with more, rarer-in-the-row matches rank higher) and, when a
+full-text search over the row's generated ``tsv`` (rows sharing two or more
+words with the query first, then rows sharing one: see ``_full_text``) and, when a
 :class:`Nearest` is given (pgvector installed and an embedder configured),
 the nearest vectors. The two rankings are fused by reciprocal rank fusion
 (RRF): a row's score is the sum of ``1 / (RRF_K + rank)`` over the lists it
@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from sqlalchemy import Select, Text, bindparam, cast, func, or_, select
-from sqlalchemy.dialects.postgresql import TSQUERY
+from sqlalchemy import or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_shared.db.models import Entity, Episode, Fact, Relation
@@ -33,6 +32,10 @@ KINDS: tuple[Kind, ...] = ("knowledge", "episodes", "social")
 RRF_K = 60
 # Each ranking contributes this many candidates per kind before fusion.
 _CANDIDATES = 20
+# Full text ranks at most this many matching rows per stage (see _full_text).
+_RANKED = 500
+# Words of a query that count (the pairs of them make the first stage).
+_MAX_TERMS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +68,6 @@ class Nearest(Protocol):
         ...
 
 
-def _tsquery() -> Any:
-    # Any word of the query may match ("what is my dog called" should find
-    # "my dog is Rex"): plainto_tsquery's stemmed, stop-word-free lexemes,
-    # joined with OR instead of AND.
-    words = func.plainto_tsquery("english", bindparam("q", type_=Text))
-    return cast(func.replace(cast(words, Text), " & ", " | "), TSQUERY)
-
-
 def _fused(rankings: Sequence[Sequence[str]]) -> list[tuple[str, float]]:
     scores: dict[str, float] = {}
     for ranking in rankings:
@@ -96,8 +91,25 @@ class Searcher:
         kinds: Sequence[Kind] = KINDS,
         limit: int = 10,
     ) -> list[Hit]:
-        """The best ``limit`` hits; several kinds are interleaved by their fused rank."""
-        per_kind = [await self.search_kind(session, brain, kind, query, limit) for kind in kinds]
+        """The best ``limit`` hits; several kinds are interleaved by their fused rank.
+
+        One statement finds the full-text candidates of every kind, then one
+        per kind loads the hits: a turn's retrieval is a handful of round trips.
+        """
+        if not query.strip():
+            return []
+        want = max(limit, _CANDIDATES)
+        by_text = await _full_text(session, brain, kinds, query, want)
+        per_kind: list[list[Hit]] = []
+        for kind in kinds:
+            rankings = [by_text.get(kind, [])]
+            if self.vectors is not None:
+                rankings.append(await self.vectors.nearest(session, brain, kind, query, want))
+            fused = _fused(rankings)[:limit]
+            rows = await _load(session, brain, kind, [item_id for item_id, _ in fused])
+            per_kind.append(
+                [rows[item_id].with_score(score) for item_id, score in fused if item_id in rows]
+            )
         if len(per_kind) == 1:
             return per_kind[0]
         merged: list[Hit] = []
@@ -105,41 +117,79 @@ class Searcher:
             merged.extend(hits[rank] for hits in per_kind if rank < len(hits))
         return merged[:limit]
 
-    async def search_kind(
-        self, session: AsyncSession, brain: Brain, kind: Kind, query: str, limit: int
-    ) -> list[Hit]:
-        if not query.strip():
-            return []
-        want = max(limit, _CANDIDATES)
-        rankings = [await self._full_text(session, brain, kind, query, want)]
-        if self.vectors is not None:
-            rankings.append(await self.vectors.nearest(session, brain, kind, query, want))
-        fused = _fused(rankings)[:limit]
-        if not fused:
-            return []
-        rows = await _load(session, brain, kind, [item_id for item_id, _ in fused])
-        return [rows[item_id].with_score(score) for item_id, score in fused if item_id in rows]
 
-    async def _full_text(
-        self, session: AsyncSession, brain: Brain, kind: Kind, query: str, limit: int
-    ) -> list[str]:
-        model: type[Fact] | type[Episode] | type[Entity] = _MODELS[kind]
-        tsquery = _tsquery()
-        statement: Select[Any] = (
-            select(model.id)
-            .where(
-                model.tenant_id == brain.tenant_id,
-                model.user_id == brain.user_id,
-                model.tsv.bool_op("@@")(tsquery),
-            )
-            # Normalisation 1: long rows do not win by length alone.
-            .order_by(func.ts_rank(model.tsv, tsquery, 1).desc(), model.id.desc())
-            .limit(limit)
+# Full text in one statement for every kind asked. ``units`` are the query's
+# stemmed, stop-word-free lexemes as plainto_tsquery gives them (a hyphenated
+# word stays one phrase unit, already quoted as tsquery syntax); ``any_q``
+# matches rows holding any of them, ``pairs_q`` rows holding two or more
+# (``any_q`` again for a one-word query). No words left: NULL, no rows.
+_TERMS = f"""
+WITH units AS (
+    SELECT DISTINCT unit
+    FROM unnest(string_to_array(plainto_tsquery('english', :q)::text, ' & ')) AS unit
+    WHERE unit <> '' LIMIT {_MAX_TERMS}
+), terms AS (
+    SELECT (SELECT string_agg('(' || unit || ')', ' | ') FROM units)::tsquery AS any_q,
+           coalesce(
+               (SELECT string_agg('(' || a.unit || ' & ' || b.unit || ')', ' | ')
+                FROM units a JOIN units b ON a.unit < b.unit),
+               (SELECT string_agg('(' || unit || ')', ' | ') FROM units)
+           )::tsquery AS pairs_q
+)
+"""
+# One stage of one kind: the best :limit of a bounded sample of the matches.
+_STAGE = """
+(SELECT '{kind}' AS kind, id, {stage} AS stage,
+        ts_rank(tsv, (SELECT any_q FROM terms), 1) AS rank
+ FROM (SELECT id, tsv FROM {table}
+       WHERE tenant_id = :tenant AND user_id = :user {current}
+         AND tsv @@ (SELECT {match} FROM terms)
+       LIMIT {ranked}) AS sample
+ ORDER BY rank DESC, id DESC LIMIT :limit)
+"""
+_TABLES: dict[Kind, tuple[str, str]] = {
+    "knowledge": ("memory_facts", "AND valid_to IS NULL"),
+    "episodes": ("memory_episodes", ""),
+    "social": ("memory_entities", ""),
+}
+
+
+async def _full_text(
+    session: AsyncSession, brain: Brain, kinds: Sequence[Kind], query: str, limit: int
+) -> dict[Kind, list[str]]:
+    """Per kind: rows sharing two or more words with the query, best first;
+    then, to fill ``limit``, rows sharing one.
+
+    PostgreSQL ranks every row a query matches, and one common word can match
+    a large share of a big brain: each stage ranks a bounded sample of its
+    matches (``_RANKED``). Rows sharing two words with the query are few, so
+    that stage is exact in practice; the one-word stage is a fallback.
+    (Normalisation 1 of ``ts_rank``: long rows do not win by length alone.)
+    """
+    stages = [
+        _STAGE.format(
+            kind=kind, stage=stage, table=table, current=current, match=match, ranked=_RANKED
         )
-        if model is Fact:
-            statement = statement.where(Fact.valid_to.is_(None))
-        result = await session.execute(statement, {"q": query})
-        return list(result.scalars())
+        for kind in kinds
+        for table, current in (_TABLES[kind],)
+        for stage, match in ((0, "pairs_q"), (1, "any_q"))
+    ]
+    statement = (
+        _TERMS
+        + "SELECT kind, id FROM ("
+        + " UNION ALL ".join(stages)
+        + ") AS found ORDER BY kind, stage, rank DESC, id DESC"
+    )
+    result = await session.execute(
+        text(statement),
+        {"q": query, "tenant": brain.tenant_id, "user": brain.user_id, "limit": limit},
+    )
+    ranked: dict[Kind, list[str]] = {}
+    for kind, item_id in result.all():
+        ids = ranked.setdefault(kind, [])
+        if item_id not in ids and len(ids) < limit:
+            ids.append(item_id)
+    return ranked
 
 
 _MODELS: dict[Kind, type[Fact] | type[Episode] | type[Entity]] = {

@@ -48,8 +48,10 @@ class ModelRequest:
     cache_key: str | None = None
     # "turn": a step of the agent's turn; "summary": the context engine's
     # compaction call (no tools, nothing streamed to the client);
-    # "extraction": the learning centre reading a trajectory (one tool to call).
-    purpose: Literal["turn", "summary", "extraction"] = "turn"
+    # "extraction": the learning centre reading a trajectory (one tool to call);
+    # "skill": a prompt-only skill doing its work for the agent (the skill
+    # tool's sub-call: no tools, its answer is the tool's result).
+    purpose: Literal["turn", "summary", "extraction", "skill"] = "turn"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ It goes through the same code path as a real provider. What it answers:
   retrieved memory) as the model saw them.
 * ``{"echo_request": true}`` answers with what the request was made of, as
   JSON: ``{"model", "system", "tools", "soul"}`` (the system prompt, the
-  names of the tools offered, and the soul block), so tests can see the turn's agent reach the model.
+  names of the tools offered, and the soul block), so tests can see the
+  turn's agent reach the model.
 * A summary call (``purpose="summary"``, the context engine compacting)
   gets a short summary: how many messages, and the start of each user
   message, within the call's ``max_tokens``; after ``SCRIPTED_SUMMARY_DELAY_MS``

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from holdfast_shared.assets import Vault
 from holdfast_shared.keys import Keys
 
 from holdfast.embedded import EmbeddedPostgres
@@ -86,7 +87,8 @@ class EngineEnvironment:
     ``env`` holds variables for every process: the engine's ``HOLDFAST_*``
     settings, a provider's key. They start from this process's environment
     without its ``HOLDFAST_*`` variables; unless ``env`` says otherwise the
-    model is ``scripted`` and the log level INFO. The URLs, the prefix and
+    model is ``scripted``, the log level INFO and the Asset Directory's key
+    (``HOLDFAST_ASSET_ENCRYPTION_KEY``) one generated for the environment. The URLs, the prefix and
     the workspace root are the environment's own (parameters, not ``env``).
     Each process writes its output to ``<log_dir>/<kind>-<n>.log``.
 
@@ -146,7 +148,13 @@ class EngineEnvironment:
             self.database_url: str = database_url
             self.api_key = add_api_key(database_url, tenant, api_key)
             self.env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
-            self.env.update(DEFAULTS, HOLDFAST_DATA_DIR=str(self.directory / "data"))
+            self.env.update(
+                DEFAULTS,
+                HOLDFAST_DATA_DIR=str(self.directory / "data"),
+                # A gateway refuses to start without one; every process of the
+                # engine must share it (the runner opens what the gateway sealed).
+                HOLDFAST_ASSET_ENCRYPTION_KEY=Vault.generate_key(),
+            )
             self.env.update(env or {})
             self.env.update(
                 HOLDFAST_REDIS_URL=self.redis_url,

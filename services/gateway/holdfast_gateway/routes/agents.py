@@ -28,19 +28,22 @@ from holdfast_shared.agents import (
     DEFAULT_AGENT,
     AgentDefinition,
     builtin_agents,
+    check_permission_key,
     check_tool,
     custom_agents,
     effective_permissions,
     from_record,
+    server_of_rule,
     unknown_servers,
     unknown_skills,
 )
+from holdfast_shared.agents.definitions import SERVER_RULE_PATTERN
 from holdfast_shared.content import Text
 from holdfast_shared.db.models import AgentRecord
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
-from holdfast_shared.tools import BUILTIN_BY_NAME, Permission
+from holdfast_shared.tools import BUILTIN_BY_NAME, SKILL, Permission
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, update
 from sqlalchemy.dialects.postgresql import insert
@@ -72,6 +75,10 @@ ToolName = Annotated[
 """A tool of the catalogue; another name is a 422 naming it."""
 
 Name = Annotated[str, Field(pattern=ID_PATTERN)]
+
+PermissionKey = Annotated[str, AfterValidator(check_permission_key)]
+"""A tool of the catalogue, or ``{server}__{tool}`` / ``{server}__*`` of one of the
+agent's servers (checked against ``servers`` with the store: ``_check_references``)."""
 
 
 class AgentSpec(BaseModel):
@@ -118,12 +125,15 @@ class AgentSpec(BaseModel):
         Field(max_length=MAX_ITEMS, description="Asset Directory servers whose tools it may use"),
     ] = []
     permissions: Annotated[
-        dict[ToolName, Permission],
+        dict[PermissionKey, Permission],
         Field(
             description="allow, ask or deny per tool (default: reads allow, the rest ask); "
-            "an operator's HOLDFAST_TOOL_PERMISSIONS wins",
+            "for a tool of one of its servers, by `server__tool` or `server__*` (default: "
+            "allow for a tool the server marks read-only, else ask); an operator's "
+            "HOLDFAST_TOOL_PERMISSIONS wins",
             json_schema_extra={
                 "properties": {name: {"enum": ["allow", "ask", "deny"]} for name in _TOOL_NAMES},
+                "patternProperties": {SERVER_RULE_PATTERN: {"enum": ["allow", "ask", "deny"]}},
                 "additionalProperties": False,
             },
         ),
@@ -219,6 +229,15 @@ async def _check_references(state: StateDep, tenant: str, spec: AgentSpec) -> No
         )
         for name in unknown
     ]
+    problems += [
+        {
+            "loc": ["body", "permissions", key],
+            "msg": f"{server_of_rule(key)!r} is not one of the agent's servers",
+            "type": "unknown_server",
+        }
+        for key in spec.permissions
+        if server_of_rule(key) is not None and server_of_rule(key) not in spec.servers
+    ]
     if problems:
         summary = "; ".join(f"{'.'.join(p['loc'][1:])}: {p['msg']}" for p in problems)
         raise ApiError(
@@ -231,6 +250,8 @@ def _values(spec: AgentSpec) -> dict[str, Any]:
     tools = list(dict.fromkeys(spec.tools)) if spec.tools is not None else None
     if tools is None:
         tools = list(builtin_agents()[DEFAULT_AGENT].tools)
+    if spec.skills and SKILL.name not in tools:
+        tools.append(SKILL.name)  # skills are used through it: an agent with skills has it
     return {
         "description": spec.description,
         "system_prompt": spec.system_prompt,

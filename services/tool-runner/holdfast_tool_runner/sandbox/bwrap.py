@@ -6,6 +6,9 @@ host files that hold no secrets: ld.so.cache, alternatives, CA certificates);
 a fresh /proc for a new pid namespace; a minimal /dev; private tmpfs /tmp and
 /dev/shm of a fixed size; and the task's workspace at /workspace, the only writable
 host directory and the working directory. The root itself is remounted read-only.
+The skills of the call's agent that have files are bound read-only at
+/workspace/.skills/<name> (``SandboxPolicy.skill_mounts``), on a tmpfs that is
+read-only too: scripts there run, nothing under .skills can be written.
 
 Every namespace is new (``--unshare-all``). When the policy allows the network, the
 sandbox keeps its own network namespace, connected by slirp4netns (network.py),
@@ -32,6 +35,10 @@ from pathlib import Path
 from .policy import SandboxPolicy, SandboxUnavailable
 
 WORKSPACE = "/workspace"
+# Where skills' folders appear (holdfast_shared.skills.disclosure.MOUNT_DIR).
+SKILLS_DIR = f"{WORKSPACE}/.skills"
+# The tmpfs under them holds only their mount points.
+_SKILLS_TMPFS_BYTES = 64 * 1024
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 ENV = {
@@ -187,6 +194,18 @@ def bwrap_argv(
             args += ["--dev-bind", str(devices / name), f"/dev/{name}"]
     size = str(policy.tmpfs_bytes)
     args += ["--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp"]
-    args += ["--bind", str(workspace), WORKSPACE, "--remount-ro", "/", "--chdir", WORKSPACE]
+    for bound in policy.read_only_paths:
+        # After the tmpfs mounts, so a path under /tmp is the host's, read-only.
+        args += ["--ro-bind", str(bound), str(bound)]
+    args += ["--bind", str(workspace), WORKSPACE]
+    if policy.skill_mounts:
+        # A small tmpfs over the workspace's .skills (so the mount points are
+        # not made in the workspace itself), each skill bound read-only on it,
+        # then the tmpfs made read-only too: nothing under .skills is writable.
+        args += ["--size", str(_SKILLS_TMPFS_BYTES), "--tmpfs", SKILLS_DIR]
+        for folder, name in policy.skill_mounts:
+            args += ["--ro-bind", str(folder), f"{SKILLS_DIR}/{name}"]
+        args += ["--remount-ro", SKILLS_DIR]
+    args += ["--remount-ro", "/", "--chdir", WORKSPACE]
     args += ["--seccomp", str(seccomp_fd), "--", *command]
     return args

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+
+# A skill's name (holdfast_shared.skills.format): one path component, never . or ..
+_SKILL_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -40,10 +44,23 @@ class SandboxPolicy:
     file_size_bytes: int = 256 * MiB
     # Size of each private tmpfs (/tmp and /dev/shm), which live in host memory.
     tmpfs_bytes: int = 64 * MiB
+    # Host directories bound read-only at the same path (besides /usr and the
+    # rest bwrap.py always binds): where an operator installed an MCP stdio
+    # server's code. Absolute, and never a system directory's parent.
+    read_only_paths: tuple[Path, ...] = ()
+    # Skills' folders, (host directory, skill name): each mounted read-only at
+    # /workspace/.skills/<name>, on a read-only /workspace/.skills (bwrap.py).
+    skill_mounts: tuple[tuple[Path, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.workspace.is_absolute():
             raise ValueError(f"workspace must be an absolute path, got {self.workspace}")
+        for path in self.read_only_paths:
+            if not path.is_absolute() or path == Path("/"):
+                raise ValueError(f"a read-only path must be absolute and not /, got {path}")
+        for folder, name in self.skill_mounts:
+            if not folder.is_absolute() or not _SKILL_NAME.fullmatch(name):
+                raise ValueError(f"a skill mount is an absolute folder and a name: {name!r}")
         for name in (
             "timeout_seconds",
             "memory_bytes",

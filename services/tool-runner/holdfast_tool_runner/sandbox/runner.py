@@ -230,28 +230,23 @@ def launcher_pool(*, spares: int, host: Host | None = None) -> Launchers:
     return Launchers(found.perl, found.cgroups, spares=spares)
 
 
-async def run_sandboxed(
-    argv: list[str],
-    policy: SandboxPolicy,
-    *,
-    stdin: bytes | None = None,
-    launchers: Launchers | None = None,
-    host: Host | None = None,
-) -> SandboxResult:
-    """Run ``argv`` in the sandbox described by ``policy`` and report what happened.
+@dataclass
+class _Launched:
+    """A command started in the sandbox: its call (registered for the watchdog), the
+    launcher whose process it is, the network uplink if any."""
 
-    The command runs in /workspace (the policy's workspace) with ``stdin`` (or an
-    empty stdin), a scrubbed environment, and the policy's limits. Never raises for
-    anything the command does; raises SandboxUnavailable, without running anything,
-    if the sandbox cannot be set up. With ``launchers``, the call starts from a
-    launcher spawned ahead of it; without, it spawns its own first. ``host``: the
-    facilities to use (default: :func:`default_host`).
-    """
-    if not argv:
-        raise ValueError("argv is empty")
-    if any("\0" in arg for arg in argv):
-        raise ValueError("embedded null byte in the command line")
-    found = host or default_host()
+    call: _Call
+    launcher: Launcher
+    uplink: network.Uplink | None
+    tag: str
+    started: float
+
+
+async def _launch(
+    argv: list[str], policy: SandboxPolicy, *, launchers: Launchers | None, found: Host
+) -> _Launched:
+    """Take (or spawn) a launcher and have it execute ``argv`` in the sandbox of
+    ``policy``; on failure nothing runs and the launcher is discarded."""
     workspace = _check_workspace(policy.workspace)
     tag = workspace_tag(workspace)
     if launchers is not None:
@@ -275,7 +270,7 @@ async def run_sandboxed(
             status_fd=child.status,
             abi=found.landlock_abi,
             deny_tcp=not policy.network,
-            read_paths=bw.READ_PATHS,
+            read_paths=(*bw.READ_PATHS, *(str(p) for p in policy.read_only_paths)),
             write_paths=bw.WRITE_PATHS,
             device_paths=bw.DEVICE_PATHS,
             command=argv,
@@ -303,6 +298,39 @@ async def run_sandboxed(
         if launchers is not None:
             launchers.refill()
         raise
+    return _Launched(call, launcher, uplink, tag, started)
+
+
+async def run_sandboxed(
+    argv: list[str],
+    policy: SandboxPolicy,
+    *,
+    stdin: bytes | None = None,
+    launchers: Launchers | None = None,
+    host: Host | None = None,
+) -> SandboxResult:
+    """Run ``argv`` in the sandbox described by ``policy`` and report what happened.
+
+    The command runs in /workspace (the policy's workspace) with ``stdin`` (or an
+    empty stdin), a scrubbed environment, and the policy's limits. Never raises for
+    anything the command does; raises SandboxUnavailable, without running anything,
+    if the sandbox cannot be set up. With ``launchers``, the call starts from a
+    launcher spawned ahead of it; without, it spawns its own first. ``host``: the
+    facilities to use (default: :func:`default_host`).
+    """
+    if not argv:
+        raise ValueError("argv is empty")
+    if any("\0" in arg for arg in argv):
+        raise ValueError("embedded null byte in the command line")
+    found = host or default_host()
+    launched = await _launch(argv, policy, launchers=launchers, found=found)
+    call, launcher, uplink, tag, started = (
+        launched.call,
+        launched.launcher,
+        launched.uplink,
+        launched.tag,
+        launched.started,
+    )
     process = launcher.process
     status_read = launcher.status_read
     os.set_blocking(status_read, False)

@@ -60,7 +60,12 @@ def upgrade() -> None:
         sa.UniqueConstraint("tenant_id", "user_id", "kind", "norm", name="uq_memory_entities_name"),
     )
     op.create_index(
-        "ix_memory_entities_tsv", "memory_entities", ["tsv"], unique=False, postgresql_using="gin"
+        "ix_memory_entities_tsv",
+        "memory_entities",
+        ["tsv"],
+        unique=False,
+        postgresql_using="gin",
+        postgresql_with={"fastupdate": "off"},
     )
     op.create_table(
         "memory_episodes",
@@ -106,7 +111,12 @@ def upgrade() -> None:
         unique=False,
     )
     op.create_index(
-        "ix_memory_episodes_tsv", "memory_episodes", ["tsv"], unique=False, postgresql_using="gin"
+        "ix_memory_episodes_tsv",
+        "memory_episodes",
+        ["tsv"],
+        unique=False,
+        postgresql_using="gin",
+        postgresql_with={"fastupdate": "off"},
     )
     op.create_table(
         "memory_facts",
@@ -165,7 +175,12 @@ def upgrade() -> None:
         postgresql_where=sa.text("valid_to IS NULL"),
     )
     op.create_index(
-        "ix_memory_facts_tsv", "memory_facts", ["tsv"], unique=False, postgresql_using="gin"
+        "ix_memory_facts_tsv",
+        "memory_facts",
+        ["tsv"],
+        unique=False,
+        postgresql_using="gin",
+        postgresql_with={"fastupdate": "off"},
     )
     op.create_index(
         op.f("ix_memory_facts_superseded_by"), "memory_facts", ["superseded_by"], unique=False

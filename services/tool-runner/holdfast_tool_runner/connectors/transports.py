@@ -1,0 +1,107 @@
+"""How a session reaches its server: the SDK's streamable-HTTP transport, or a
+stdio server running in the sandbox.
+
+The SDK's own ``stdio_client`` starts the server as a plain child of this
+process; here it must run inside the task's sandbox (``sandbox/resident.py``),
+so :func:`resident_transport` bridges the sandboxed process's pipes to the
+session's streams the way ``stdio_client`` does: newline-delimited JSON-RPC,
+each line parsed by the SDK's own message adapter. The protocol above the
+pipes — initialization, requests, notifications — is the SDK's ``Client``.
+
+An HTTP server gets an ``httpx2`` client carrying its credentials: a bearer
+token as a header, or :class:`~holdfast_shared.assets.oauth.StoredOAuth`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx2
+import mcp_types
+from mcp.client._transport import TransportStreams
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+
+from holdfast_tool_runner.sandbox import Resident
+
+log = logging.getLogger(__name__)
+
+# One message (a line) larger than this ends the session: a runaway server
+# must not grow this process without bound.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_CHUNK = 64 * 1024
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError as exc:
+        return exc
+    return SessionMessage(message)
+
+
+@contextlib.asynccontextmanager
+async def resident_transport(resident: Resident) -> AsyncIterator[TransportStreams]:
+    """The session's streams over ``resident``'s stdin and stdout; the process is
+    stopped when the context ends (and the streams end when it dies)."""
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def stdout_reader() -> None:
+        buffer = b""
+        async with read_writer:
+            while chunk := await resident.stdout.read(_CHUNK):
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                if len(buffer) > MAX_MESSAGE_BYTES:
+                    await read_writer.send(ValueError("the server sent an oversized message"))
+                    return
+                for line in lines:
+                    if line.strip():
+                        await read_writer.send(_parse(line))
+
+    async def stdin_writer() -> None:
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    resident.stdin.write(data.encode() + b"\n")
+                    await resident.stdin.drain()
+        except (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            await read_writer.aclose()  # the server is gone: the session sees the end
+
+    async def stderr_drain() -> None:
+        # Read and dropped: what a server prints there may hold its secrets.
+        while await resident.stderr.read(_CHUNK):
+            pass
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(stdout_reader)
+            group.start_soon(stdin_writer)
+            group.start_soon(stderr_drain)
+            try:
+                yield read_stream, write_stream
+            finally:
+                group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await resident.stop()
+            for stream in (read_stream, write_stream, read_writer, write_reader):
+                await stream.aclose()
+
+
+@contextlib.asynccontextmanager
+async def http_transport(
+    url: str, *, headers: dict[str, str], auth: httpx2.Auth | None, timeout_seconds: float
+) -> AsyncIterator[TransportStreams]:
+    """The SDK's streamable-HTTP transport to ``url`` with these credentials."""
+    client = httpx2.AsyncClient(
+        headers=headers,
+        auth=auth,
+        timeout=httpx2.Timeout(timeout_seconds, read=max(timeout_seconds, 300.0)),
+    )
+    async with client, streamable_http_client(url, http_client=client) as streams:
+        yield streams

@@ -1,0 +1,453 @@
+"""OAuth 2.1 with PKCE for MCP servers, as the MCP authorization spec describes it,
+split across requests the way a server-side engine needs it.
+
+The SDK's :class:`~mcp.client.auth.OAuthClientProvider` runs the whole flow inside
+one HTTP request of one process, waiting for the browser in between. The engine
+cannot wait: ``GET /assets/servers/{name}/connect`` answers the authorization URL
+at once, and the browser comes back to ``GET /assets/oauth/callback`` later,
+perhaps on another gateway. So the flow is three steps over a stored
+:class:`OAuthRecord` (sealed in the server's ``credentials``), each built from
+the SDK's pieces (its discovery URL builders and response handlers, its
+registration request, :class:`PKCEParameters`, its models):
+
+* :func:`begin` — discover the protected resource metadata from the MCP server
+  (RFC 9728: the ``resource_metadata`` of its ``WWW-Authenticate``, else the
+  well-known URLs), then the authorization server's metadata (RFC 8414 / OIDC),
+  register a client dynamically (RFC 7591) unless one was given, and make the
+  authorization URL: S256 code challenge, ``state``, ``resource`` (RFC 8707),
+  scope. The verifier and state wait in the record, ``PENDING_SECONDS`` at most.
+* :func:`complete` — the callback: check ``state``, exchange the code with the
+  verifier, keep the tokens and their expiry.
+* :class:`StoredOAuth` — on every request of a session (tool-runner): the stored
+  access token; refreshed when it has expired, and once on a 401; never
+  interactive — with no usable token it raises :class:`NeedsAuthorization`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+from urllib.parse import urlencode, urljoin, urlparse
+
+import httpx2
+from mcp.client.auth import OAuthClientProvider, OAuthFlowError, PKCEParameters
+from mcp.client.auth.exceptions import OAuthRegistrationError, OAuthTokenError
+from mcp.client.auth.oauth2 import OAuthContext, check_registration_usable
+from mcp.client.auth.utils import (
+    build_oauth_authorization_server_metadata_discovery_urls,
+    build_protected_resource_metadata_discovery_urls,
+    create_client_registration_request,
+    create_oauth_metadata_request,
+    extract_resource_metadata_from_www_auth,
+    extract_scope_from_www_auth,
+    get_client_metadata_scopes,
+    handle_auth_metadata_response,
+    handle_protected_resource_response,
+    handle_registration_response,
+    handle_token_response_scopes,
+    validate_metadata_issuer,
+)
+from mcp.shared.auth import (
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthMetadata,
+    OAuthToken,
+    ProtectedResourceMetadata,
+)
+from mcp.shared.auth_utils import calculate_token_expiry
+from pydantic import AnyUrl, BaseModel
+
+# How long an authorization URL stays good for its callback.
+PENDING_SECONDS = 600.0
+# A token this close to its expiry (or a tenth of its lifetime, if shorter) is
+# refreshed before use.
+EXPIRY_MARGIN_SECONDS = 30.0
+CLIENT_NAME = "Holdfast"
+
+
+class NeedsAuthorization(Exception):
+    """No usable token and none to be had without the user: connect again."""
+
+
+class AuthorizationFailed(Exception):
+    """The authorization could not complete; the message says why (never a secret)."""
+
+
+class PendingAuthorization(BaseModel):
+    """An authorization URL handed out and not completed yet."""
+
+    state: str
+    code_verifier: str
+    redirect_uri: str
+    expires_at: float
+
+
+class OAuthRecord(BaseModel):
+    """Everything OAuth about one server, sealed at rest.
+
+    ``client_id``/``client_secret``/``scope``: what the tenant registered (a
+    pre-registered client; else dynamic registration). The rest is found or
+    obtained: the discovered metadata, the client, the tokens and when the
+    access token expires (epoch seconds), a pending authorization.
+    """
+
+    client_id: str | None = None
+    client_secret: str | None = None
+    scope: str | None = None
+    resource_metadata: ProtectedResourceMetadata | None = None
+    server_metadata: OAuthMetadata | None = None
+    client_info: OAuthClientInformationFull | None = None
+    tokens: OAuthToken | None = None
+    expires_at: float | None = None
+    pending: PendingAuthorization | None = None
+
+    @property
+    def authorized(self) -> bool:
+        return self.tokens is not None
+
+
+class _NoStorage:
+    """The SDK context wants a storage; the steps here keep the record themselves."""
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return None
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        return None
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return None
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        return None
+
+
+def _client_metadata(record: OAuthRecord, redirect_uri: str) -> OAuthClientMetadata:
+    return OAuthClientMetadata(
+        client_name=CLIENT_NAME,
+        redirect_uris=[AnyUrl(redirect_uri)],
+        grant_types=["authorization_code", "refresh_token"],
+        response_types=["code"],
+        token_endpoint_auth_method="client_secret_post" if record.client_secret else "none",
+        scope=record.scope,
+    )
+
+
+def _context(server_url: str, record: OAuthRecord, redirect_uri: str) -> OAuthContext:
+    """The SDK's flow context over ``record``: resource URL, token-endpoint auth."""
+    context = OAuthContext(
+        server_url=server_url,
+        client_metadata=_client_metadata(record, redirect_uri),
+        storage=_NoStorage(),
+        redirect_handler=None,
+        callback_handler=None,
+    )
+    context.protected_resource_metadata = record.resource_metadata
+    context.oauth_metadata = record.server_metadata
+    context.client_info = record.client_info
+    context.current_tokens = record.tokens
+    context.token_expiry_time = record.expires_at
+    return context
+
+
+def _origin(url: str) -> str:
+    parsed = urlparse(url)
+    return f"{parsed.scheme}://{parsed.netloc}"
+
+
+async def _discover(
+    http: httpx2.AsyncClient, server_url: str
+) -> tuple[ProtectedResourceMetadata | None, OAuthMetadata | None, str | None]:
+    """The server's protected resource metadata, its authorization server's
+    metadata, and the scope its challenge asks for."""
+    # An unauthenticated request: a protected server answers 401 naming its metadata.
+    probe = await http.post(
+        server_url,
+        json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
+        headers={"Accept": "application/json, text/event-stream"},
+    )
+    await probe.aread()
+    challenge_url = extract_resource_metadata_from_www_auth(probe)
+    challenge_scope = extract_scope_from_www_auth(probe) if probe.status_code == 401 else None
+    resource: ProtectedResourceMetadata | None = None
+    for url in build_protected_resource_metadata_discovery_urls(challenge_url, server_url):
+        resource = await handle_protected_resource_response(
+            await http.send(create_oauth_metadata_request(url))
+        )
+        if resource is not None:
+            break
+    issuer = str(resource.authorization_servers[0]) if resource is not None else None
+    metadata: OAuthMetadata | None = None
+    for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, server_url):
+        ok, found = await handle_auth_metadata_response(
+            await http.send(create_oauth_metadata_request(url))
+        )
+        if not ok:
+            break
+        if found is not None:
+            validate_metadata_issuer(found, issuer or str(found.issuer))
+            metadata = found
+            break
+    return resource, metadata, challenge_scope
+
+
+async def begin(
+    http: httpx2.AsyncClient, server_url: str, record: OAuthRecord, redirect_uri: str
+) -> tuple[str, OAuthRecord]:
+    """The authorization URL to send the user to, and the record to store until
+    the callback. Raises :class:`AuthorizationFailed` naming what went wrong."""
+    try:
+        resource, metadata, challenged = await _discover(http, server_url)
+        client_metadata = _client_metadata(record, redirect_uri)
+        scope = record.scope or get_client_metadata_scopes(
+            challenged, resource, metadata, client_metadata.grant_types
+        )
+        client_metadata.scope = scope
+        if record.client_id:
+            client = OAuthClientInformationFull(
+                client_id=record.client_id,
+                client_secret=record.client_secret,
+                redirect_uris=[AnyUrl(redirect_uri)],
+                token_endpoint_auth_method=client_metadata.token_endpoint_auth_method,
+            )
+        elif record.client_info is not None and redirect_uri in [
+            str(uri) for uri in record.client_info.redirect_uris or ()
+        ]:
+            client = record.client_info  # registered before, for this same redirect
+        else:
+            registration = create_client_registration_request(
+                metadata, client_metadata, _origin(server_url)
+            )
+            client = await handle_registration_response(await http.send(registration))
+            check_registration_usable(client)
+    except (OAuthFlowError, OAuthRegistrationError) as exc:
+        raise AuthorizationFailed(str(exc)) from None
+    except httpx2.HTTPError as exc:
+        raise AuthorizationFailed(
+            f"cannot reach the server or its authorization server: {type(exc).__name__}"
+        ) from None
+    pkce = PKCEParameters.generate()
+    state = secrets.token_urlsafe(32)
+    found = record.model_copy(
+        update={
+            "resource_metadata": resource,
+            "server_metadata": metadata,
+            "client_info": client,
+            "scope": scope,
+            "pending": PendingAuthorization(
+                state=state,
+                code_verifier=pkce.code_verifier,
+                redirect_uri=redirect_uri,
+                expires_at=time.time() + PENDING_SECONDS,
+            ),
+        }
+    )
+    context = _context(server_url, found, redirect_uri)
+    endpoint = (
+        str(metadata.authorization_endpoint)
+        if metadata is not None
+        else urljoin(_origin(server_url), "/authorize")
+    )
+    params = {
+        "response_type": "code",
+        "client_id": client.client_id,
+        "redirect_uri": redirect_uri,
+        "state": state,
+        "code_challenge": pkce.code_challenge,
+        "code_challenge_method": "S256",
+        # RFC 8707: the MCP spec has clients name the server the token is for.
+        "resource": context.get_resource_url(),
+    }
+    if scope:
+        params["scope"] = scope
+    return f"{endpoint}?{urlencode(params)}", found
+
+
+async def complete(
+    http: httpx2.AsyncClient, server_url: str, record: OAuthRecord, *, code: str, state: str
+) -> OAuthRecord:
+    """The record with the tokens the code buys; :class:`AuthorizationFailed` if it
+    buys none (wrong or expired state, a refused code)."""
+    pending = record.pending
+    if pending is None or not secrets.compare_digest(pending.state, state):
+        raise AuthorizationFailed("no authorization of this server is waiting for that state")
+    if time.time() > pending.expires_at:
+        raise AuthorizationFailed("the authorization expired; connect again")
+    context = _context(server_url, record, pending.redirect_uri)
+    if record.client_info is None:
+        raise AuthorizationFailed("no client registered for the authorization")
+    endpoint = (
+        str(record.server_metadata.token_endpoint)
+        if record.server_metadata is not None
+        else urljoin(_origin(server_url), "/token")
+    )
+    data: dict[str, str] = {
+        "grant_type": "authorization_code",
+        "code": code,
+        "redirect_uri": pending.redirect_uri,
+        "client_id": record.client_info.client_id,
+        "code_verifier": pending.code_verifier,
+        "resource": context.get_resource_url(),
+    }
+    try:
+        data, headers = context.prepare_token_auth(
+            data, {"Content-Type": "application/x-www-form-urlencoded"}
+        )
+        response = await http.post(endpoint, data=data, headers=headers)
+        if response.status_code not in (200, 201):
+            raise AuthorizationFailed(
+                f"the authorization server refused the code (HTTP {response.status_code}"
+                f"{_oauth_error(response)})"
+            )
+        tokens = await handle_token_response_scopes(response)
+    except OAuthTokenError:
+        raise AuthorizationFailed("the authorization server's token answer is invalid") from None
+    except httpx2.HTTPError as exc:
+        raise AuthorizationFailed(
+            f"cannot reach the authorization server: {type(exc).__name__}"
+        ) from None
+    if tokens.scope is None:
+        tokens.scope = record.scope
+    return record.model_copy(
+        update={
+            "tokens": tokens,
+            "expires_at": calculate_token_expiry(tokens.expires_in),
+            "pending": None,
+        }
+    )
+
+
+def _oauth_error(response: httpx2.Response) -> str:
+    """The OAuth ``error`` code of a refusal, if it names one (never its other fields)."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return f": {error}" if isinstance(error, str) and error.isascii() and len(error) < 64 else ""
+
+
+Save = Callable[[OAuthRecord], Awaitable[None]]
+Reload = Callable[[], Awaitable[OAuthRecord | None]]
+
+
+class _RecordStorage:
+    """The SDK provider's storage, kept in the record (and saved through ``save``)."""
+
+    def __init__(self, owner: StoredOAuth) -> None:
+        self.owner = owner
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.owner.record.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        await self.owner.keep(tokens)
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.owner.record.client_info
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        return None  # never registers: registration is begin()'s
+
+
+class StoredOAuth(OAuthClientProvider):
+    """The stored tokens on every request of a session; refreshed with the SDK's
+    refresh request when expired, and once when the server answers 401.
+
+    Never interactive: without a token it can use, it raises
+    :class:`NeedsAuthorization` (and sets ``needs_authorization``), so the call
+    fails with a clear error and the user connects the server again. ``reload``
+    reads the record as stored now (another runner may have refreshed it);
+    ``save`` stores the refreshed one.
+    """
+
+    def __init__(self, server_url: str, record: OAuthRecord, *, save: Save, reload: Reload) -> None:
+        redirect = record.pending.redirect_uri if record.pending else "http://localhost/"
+        if record.client_info and record.client_info.redirect_uris:
+            redirect = str(record.client_info.redirect_uris[0])
+        super().__init__(server_url, _client_metadata(record, redirect), _RecordStorage(self))
+        self.record = record
+        self._save = save
+        self._reload = reload
+        self.needs_authorization = False
+        self.refreshes = 0
+
+    async def _initialize(self) -> None:
+        context = self.context
+        context.current_tokens = self.record.tokens
+        context.token_expiry_time = self.record.expires_at
+        context.client_info = self.record.client_info
+        context.oauth_metadata = self.record.server_metadata
+        context.protected_resource_metadata = self.record.resource_metadata
+        self._initialized = True
+
+    async def keep(self, tokens: OAuthToken) -> None:
+        """Store refreshed ``tokens`` (the SDK carried the refresh token forward)."""
+        self.record = self.record.model_copy(
+            update={"tokens": tokens, "expires_at": self.context.token_expiry_time}
+        )
+        self.refreshes += 1
+        await self._save(self.record)
+
+    def _expired(self) -> bool:
+        """Expired, or about to: within a tenth of its lifetime, at most the margin."""
+        expiry = self.context.token_expiry_time
+        if expiry is None:
+            return False
+        tokens = self.context.current_tokens
+        lifetime = float(tokens.expires_in or 0) if tokens is not None else 0.0
+        return time.time() > expiry - min(EXPIRY_MARGIN_SECONDS, lifetime / 10)
+
+    async def _adopt_stored(self) -> None:
+        """Take the stored record if it holds other tokens (refreshed elsewhere)."""
+        stored = await self._reload()
+        if stored is not None and stored.tokens != self.record.tokens:
+            self.record = stored
+            await self._initialize()
+
+    def _refused(self) -> NeedsAuthorization:
+        self.needs_authorization = True
+        return NeedsAuthorization(
+            "the server's authorization expired or was revoked and could not be "
+            "refreshed; connect it again (GET /assets/servers/{name}/connect)"
+        )
+
+    async def _refresh_request(self) -> httpx2.Request:
+        if not self.context.can_refresh_token():
+            raise self._refused()
+        return await self._refresh_token()
+
+    async def _refreshed(self, response: httpx2.Response) -> None:
+        if not await self._handle_refresh_response(response):
+            raise self._refused()
+
+    def _bearer(self) -> str | None:
+        tokens = self.context.current_tokens
+        return f"Bearer {tokens.access_token}" if tokens is not None else None
+
+    async def _auth_flow(
+        self, request: httpx2.Request
+    ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        async with self.context.lock:
+            if not self._initialized:
+                await self._initialize()
+            if self.context.current_tokens is None or self._expired():
+                await self._adopt_stored()
+            if self.context.current_tokens is None:
+                raise self._refused()
+            if self._expired():
+                await self._refreshed((yield await self._refresh_request()))
+            self._add_auth_header(request)
+            response = yield request
+            if response.status_code != 401:
+                return
+            # Once: the token may have been revoked early, or the clock is off.
+            sent = request.headers.get("Authorization")
+            await self._adopt_stored()
+            if self._bearer() == sent:  # nobody refreshed it meanwhile: we do
+                await self._refreshed((yield await self._refresh_request()))
+            self._add_auth_header(request)
+            if (yield request).status_code == 401:
+                self.needs_authorization = True
