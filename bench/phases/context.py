@@ -18,11 +18,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from holdfast_loop_worker.context import compaction
 from holdfast_loop_worker.context.assembly import Sections, Summary, assemble, visible
+from holdfast_shared.assets.catalogue import server_tools
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.providers.scripted import ScriptedProvider
+from holdfast_shared.skills.disclosure import skills_section
 from holdfast_shared.tools import BUILTIN_TOOLS
 
 from bench.context import Context
@@ -118,6 +121,56 @@ def _p50_ms(fn: Callable[[], object], runs: int) -> tuple[float, float]:
     return statistics.median(times), max(times)
 
 
+@dataclass(frozen=True)
+class _Skill:
+    name: str
+    description: str
+    files: tuple[str, ...]
+
+
+def _with_skills_and_servers(history: list[ChatMessage], runs: int, plain_ms: float) -> Row:
+    """The same call with 20 skills disclosed and 100 MCP tools offered (#13)."""
+    skills = [
+        _Skill(f"skill-{i:02d}", "Turns a kind of input into a kind of report. " * 3, ("x",))
+        for i in range(20)
+    ]
+    stored = [
+        {
+            "name": f"tool_{i:03d}",
+            "description": "Looks something up in the remote system and returns it. " * 2,
+            "inputSchema": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query"],
+            },
+            "annotations": {"readOnlyHint": i % 2 == 0},
+        }
+        for i in range(100)
+    ]
+    mcp = [t.spec for t in server_tools("crm", stored[:50]) + server_tools("wiki", stored[50:])]
+    base = _sections(history)
+    sections = replace(
+        base,
+        system_prompt=base.system_prompt + "\n\n" + skills_section(skills, sandbox=True),
+        tools=(*BUILTIN_TOOLS, *mcp),
+    )
+    assemble(sections, model="claude-sonnet-4-5", provider="anthropic")
+    ms, worst = _p50_ms(
+        lambda: assemble(sections, model="claude-sonnet-4-5", provider="anthropic"), runs
+    )
+    return Row(
+        "context assembly per call, + 20 skills and 100 MCP tools",
+        f"{ms:.2f} ms p50",
+        base=f"{plain_ms:.2f} ms",
+        ratio=f"{ms / plain_ms:.2f}x",
+        target=f"≤ {_ASSEMBLY_TARGET_MS:g} ms",
+        detail=f"max {worst:.2f} ms over {runs} runs; the row above plus a Skills section of "
+        "20 skills with files and 100 MCP tools of 2 servers (schemas as stored); base: the "
+        "row above",
+        ok=ms <= _ASSEMBLY_TARGET_MS,
+    )
+
+
 def run(ctx: Context) -> list[Row]:
     runs = 50 if ctx.options.sizes.raw_events < 20_000 else 200
     history = _history(500)
@@ -140,6 +193,7 @@ def run(ctx: Context) -> list[Row]:
             ok=assembly_ms <= _ASSEMBLY_TARGET_MS,
         )
     ]
+    rows.append(_with_skills_and_servers(history, runs, assembly_ms))
     provider = ScriptedProvider()
     view = visible(history, None)
 
