@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from bench.context import Context
-from bench.phases import context, e2e, idle, latency, memory, providers, raw, recovery, tools
+from bench.phases import context, e2e, idle, latency, mcp, memory, providers, raw, recovery, tools
 from bench.table import Row
 
 
@@ -32,6 +32,7 @@ PHASES: dict[str, Phase] = {
     "idle": idle,
     "providers": providers,
     "tools": tools,
+    "mcp": mcp,
     "recovery": recovery,
     "context": context,
     "memory": memory,
@@ -45,6 +46,7 @@ RUN_ORDER = (
     "e2e",
     "providers",
     "tools",
+    "mcp",
     "recovery",
     "memory",
     "idle",
