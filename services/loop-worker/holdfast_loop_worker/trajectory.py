@@ -9,6 +9,7 @@ announces it itself.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,9 +24,12 @@ from holdfast_shared.db.models import (
 from holdfast_shared.jobs import TrajectoryReady
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
+
+log = logging.getLogger(__name__)
 
 # The record's layout; the learning centre reads older versions too.
 VERSION = 1
@@ -154,8 +158,15 @@ async def write_trajectory(session: AsyncSession, ending: TurnEnding) -> None:
 
 
 async def announce(redis: Redis, keys: Keys, tenant_id: str, turn_id: str) -> None:
-    """Tell the learning service (again is harmless: learning is idempotent by id)."""
+    """Tell the learning service (again is harmless: learning is idempotent by id).
+
+    A Redis that cannot take it now is no reason to fail a turn that has
+    ended: the learning service's sweep learns a trajectory nobody announced.
+    """
     ready = TrajectoryReady(trajectory_id=turn_id, tenant_id=tenant_id)
-    # Trimmed so that acknowledged announcements do not pile up; one trimmed
-    # before it was read is learned by the learning service's sweep instead.
-    await redis.xadd(keys.trajectories, ready.to_fields(), maxlen=100_000, approximate=True)
+    try:
+        # Trimmed so that acknowledged announcements do not pile up; one trimmed
+        # before it was read is learned by the sweep too.
+        await redis.xadd(keys.trajectories, ready.to_fields(), maxlen=100_000, approximate=True)
+    except RedisError as exc:
+        log.warning("trajectory %s not announced (%s); the sweep will learn it", turn_id, exc)
