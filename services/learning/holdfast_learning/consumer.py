@@ -88,7 +88,8 @@ class TrajectoryConsumer:
     async def step(self) -> int:
         """Read one batch, learn it, acknowledge it; returns its size."""
         entries = await self._claim_stale()
-        entries += await self._read(self.settings.size - len(entries))
+        # Entries taken over are due already: wait only the window for more.
+        entries += await self._read(self.settings.size - len(entries), started=bool(entries))
         if not entries:
             return 0
         ids: list[str] = []
@@ -113,9 +114,11 @@ class TrajectoryConsumer:
         )
         return len(entries)
 
-    async def _read(self, want: int) -> list[tuple[str, dict[str, str]]]:
+    async def _read(self, want: int, *, started: bool) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``want`` new entries: block until the first (unless the batch
+        has ``started``), then take what arrives within the window."""
         got: list[tuple[str, dict[str, str]]] = []
-        deadline: float | None = None
+        deadline = time.monotonic() + self.settings.window_seconds if started else None
         while len(got) < want:
             block: int
             if deadline is None:
