@@ -110,19 +110,23 @@ class RedisServer:
 
 
 def delete_keys(redis_url: str, prefix: str) -> int:
-    """Delete every key under ``prefix``; how many there were."""
+    """Delete every key under ``prefix``, and arq's keys of the learning
+    service's jobs (``arq:job:<prefix>…`` and the like: arq puts its own
+    prefix first); how many there were."""
     if not prefix:
         raise ValueError("an empty prefix would delete every key")
     deleted = 0
+    escaped = _glob_escape(prefix)
     with redis.Redis.from_url(redis_url, socket_timeout=10) as client:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
+        for pattern in (f"{escaped}*", f"arq:*:{escaped}*"):
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    deleted += int(client.delete(*batch))
+                    batch = []
+            if batch:
                 deleted += int(client.delete(*batch))
-                batch = []
-        if batch:
-            deleted += int(client.delete(*batch))
     return deleted
 
 
