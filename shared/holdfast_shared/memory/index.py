@@ -14,8 +14,9 @@ Search is then full text alone, and ``/health`` says why.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -29,10 +30,25 @@ from holdfast_shared.memory.search import Kind
 log = logging.getLogger(__name__)
 
 
+# Query vectors kept: one search asks for each kind with the same query, and a
+# remote embedder would otherwise be called once per kind.
+_QUERIES_KEPT = 64
+
+
 @dataclass
 class MemoryIndex:
     embedder: Embedder
     support: vectors.VectorSupport
+    _queries: OrderedDict[str, list[float]] = field(default_factory=OrderedDict)
+
+    async def _query_vector(self, query: str) -> list[float]:
+        vector = self._queries.get(query)
+        if vector is None:
+            (vector,) = await self.embedder.embed([query], purpose="query")
+            self._queries[query] = vector
+            while len(self._queries) > _QUERIES_KEPT:
+                self._queries.popitem(last=False)
+        return vector
 
     async def add(
         self,
@@ -71,7 +87,7 @@ class MemoryIndex:
     async def nearest(
         self, session: AsyncSession, brain: Brain, kind: Kind, query: str, limit: int
     ) -> list[str]:
-        (vector,) = await self.embedder.embed([query], purpose="query")
+        vector = await self._query_vector(query)
         found = await vectors.nearest(
             session,
             kind,
