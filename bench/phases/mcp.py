@@ -15,14 +15,14 @@ That interval is the server's own time, subtracted from each round trip below.
   SDK's ``Client``, what the runner uses.
 * Engine: the server registered for the bench tenant (``POST /assets/servers``),
   an agent with ``"servers": [it]`` (``POST /agents``), one task. A tool-runner
-  keeps a task's session with a server for the calls of a turn and closes it
-  when the turn ends (the reap request), so a session is reused within a turn:
-  after warm-up turns, turns of 11 calls of the tool (one scripted model answer),
-  which the loop-worker runs one after another. Every ``tool_call`` frame of a
-  turn reaches the client before its first call runs, so a call's round trip is
-  the time from the client receiving the previous call's ``tool_result`` frame
-  to receiving this one's; the first call of a turn, which opens the session,
-  is timed from the last ``tool_call`` frame and reported apart. The
+  keeps a task's session with an HTTP server across the task's turns (only a
+  stdio server's ends with the turn), so after warm-up turns every call is on
+  one session: turns of 11 calls of the tool (one scripted model answer), which
+  the loop-worker runs one after another. Every ``tool_call`` frame of a turn
+  reaches the client before its first call runs, so a call's round trip is the
+  time from the client receiving the previous call's ``tool_result`` frame to
+  receiving this one's; the first call of a turn is timed from the last
+  ``tool_call`` frame and reported apart. The
   loop-worker and tool-runner are instrumented (``bench.instrument``), so the
   round trip is also split into steps on one clock.
 """
@@ -253,7 +253,7 @@ WARMUP_TURNS = 2
 
 # Segments of one call's round trip at the client, in order; they add up to it.
 SEGMENTS = (
-    ("worker: snapshot → tool.run", "to_tool_run"),
+    ("worker: previous result → tool.run (< 0: before the client has it)", "to_tool_run"),
     ("worker: XADD → runner picks the job", "to_runner"),
     ("runner: claim row", "to_call"),
     ("runner: MCP call beyond the server (server row, session, SDK, HTTP)", "client"),
@@ -466,14 +466,15 @@ def run(ctx: Context) -> list[Row]:
             f"{len(reused.round_trip_ms)} calls of a read-only tool that answers at once (the "
             f"SDK's MCPServer, streamable HTTP, own process) through a real loop-worker and "
             f"tool-runner, on one task, after {WARMUP_TURNS} warm-up turns: {got.turns} turns of "
-            f"{1 + REUSED_PER_TURN} calls, run one after another; the runner opens a session "
-            f"with the turn's first and reuses it for the rest ({sessions}). Per reused call, "
+            f"{1 + REUSED_PER_TURN} calls, run one after another; the runner keeps the task's "
+            f"session across its turns ({sessions}). Per call after a turn's first, "
             f"the client's previous tool_result frame → this call's: p50 "
             f"{pct(reused.round_trip_ms, 50):.1f} ms, p99 {pct(reused.round_trip_ms, 99):.1f} "
             f"ms; minus the server's own time for it (request in → answer out, p50 "
             f"{pct(reused.server_ms, 50):.2f} ms): p50 {beyond:.1f} ms, p99 "
             f"{pct(reused.beyond_ms, 99):.1f} ms. A turn's first call (last tool_call frame → "
-            f"its tool_result, opening the session) p50 {pct(opening.beyond_ms, 50):.1f} ms "
+            f"its tool_result, after the model step's snapshot) p50 "
+            f"{pct(opening.beyond_ms, 50):.1f} ms "
             f"beyond the server, of which the runner's MCP call {opened:.1f} ms. Raw baseline, "
             f"this process on asyncio, one session: ClientSession.call_tool p50 {raw_p50:.1f} "
             f"ms, p99 {pct(raw.session_ms, 99):.1f} ms (server's own p50 "

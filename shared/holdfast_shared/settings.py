@@ -136,7 +136,8 @@ class Settings(BaseSettings):
     # virtualenv); /usr is always there.
     asset_stdio_paths: list[Path] = []
     # A tool-runner closes an MCP session idle this long (sessions are kept per
-    # tenant, task and server, and closed when the task's turn ends).
+    # tenant, task and server across the task's turns; a stdio server's, which
+    # runs in the task's sandbox, is closed when the turn ends).
     asset_session_idle_seconds: float = Field(default=300.0, gt=0)
     # Connecting to a server and listing its tools (registration, OAuth callback).
     asset_connect_timeout_seconds: float = Field(default=30.0, gt=0)

@@ -152,6 +152,16 @@ _MODEL_OUTPUT = frozenset(
 )
 
 
+# Tools the loop answers itself, whose outcomes (or effects: working memory,
+# a saved fact, a model sub-call's usage) only a snapshot keeps. Every other
+# call's outcome is a ``tool_results`` row the runner wrote (or a refusal the
+# policy gives again), which a resumed turn reads back instead of running the
+# call: those calls need no snapshot each, one after the batch does.
+_OUTCOME_ONLY_IN_SNAPSHOT = frozenset(
+    {ASK_USER.name, WORKING_MEMORY.name, MEMORY_SAVE.name, MEMORY_SEARCH.name, SKILL.name}
+)
+
+
 class TurnRunner:
     """Runs (or continues) one turn until it ends, parks or is handed back."""
 
@@ -487,7 +497,8 @@ class TurnRunner:
                         ToolResult(tool_call_id=call.id, output=outcome.output, error=outcome.error)
                     )
                 call.outcome = outcome.model_dump()
-                await self._snapshot("tool_result")
+                if call.name in _OUTCOME_ONLY_IN_SNAPSHOT:
+                    await self._snapshot("tool_result")
         results: list[dict[str, Any]] = []
         for call in state.pending:
             assert call.outcome is not None

@@ -173,6 +173,8 @@ class ToolConsumer:
         await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
 
     async def _remove_workspace(self, tenant_id: str, task_id: str) -> None:
+        if self.executor.connectors is not None:
+            await self.executor.connectors.task_removed(tenant_id, task_id)
         # Its processes first, so none still writes into it while it goes.
         await reap_leftovers(self.workspaces.path(tenant_id, task_id))
         removed = await asyncio.to_thread(self.workspaces.remove, tenant_id, task_id)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ log = logging.getLogger(__name__)
 PROBE_TASK = "asset-probe"
 # How long a stdio server's sandbox may live: well past any idle timeout.
 _RESIDENT_SECONDS = 24 * 3600.0
+# How long a call may use a server's row and credentials read before (_server).
+_SERVER_CACHE_SECONDS = 2.0
+_SERVER_CACHE_SIZE = 1024
 
 
 class _Unavailable(Exception):
@@ -129,6 +133,8 @@ class Connectors:
         self.stdio_paths = stdio_paths
         self.connect_timeout = connect_timeout
         self.sessions = Sessions(idle_seconds=idle_seconds)
+        # (tenant, server) → (until, row, opened config): see _server.
+        self._opened: dict[tuple[str, str], tuple[float, AssetServer, ServerConfig]] = {}
 
     # -- tool calls ------------------------------------------------------------
     async def call(self, job: ToolCallJob) -> ToolOutcome:
@@ -164,7 +170,7 @@ class Connectors:
         """Connect to the server, list its tools (every page) and close again."""
         redactor = Redactor(())
         try:
-            row, config = await self._server(tenant_id, server)
+            row, config = await self._server(tenant_id, server, fresh=True)
             redactor = Redactor(_secrets(config))
             auth: list[StoredOAuth] = []
             async with asyncio.timeout(self.connect_timeout):
@@ -191,20 +197,39 @@ class Connectors:
             return AssetProbeResult(error=redactor.text(_describe(exc)), needs_authorization=needs)
 
     # -- opening ---------------------------------------------------------------
-    async def _server(self, tenant_id: str, name: str) -> tuple[AssetServer, ServerConfig]:
+    async def _server(
+        self, tenant_id: str, name: str, *, fresh: bool = False
+    ) -> tuple[AssetServer, ServerConfig]:
+        """The server's row and opened credentials, read again after
+        :data:`_SERVER_CACHE_SECONDS`: the calls of a turn come one after
+        another, and a database read and a decryption each would be a good part
+        of a call's cost beyond the server. A changed or deleted registration
+        reaches calls within that time (a session opened since uses the new one);
+        ``fresh`` (a probe, which follows a registration or an authorization)
+        reads it now."""
         if self.vault is None:
             raise _Unavailable(
                 "the Asset Directory is not configured on this tool-runner "
                 "(HOLDFAST_ASSET_ENCRYPTION_KEY)"
             )
+        cache_key = (tenant_id, name)
+        cached = self._opened.get(cache_key)
+        now = time.monotonic()
+        if cached is not None and cached[0] > now and not fresh:
+            return cached[1], cached[2]
         async with self.db() as session:
             row = await find_server(session, tenant_id, name)
         if row is None:
+            self._opened.pop(cache_key, None)
             raise _Unavailable(f"there is no Asset Directory server {name!r} (any more)")
         try:
-            return row, open_server(row, self.vault)
+            config = open_server(row, self.vault)
         except VaultError as exc:
             raise _Unavailable(str(exc)) from None
+        if len(self._opened) >= _SERVER_CACHE_SIZE:
+            self._opened.clear()  # bounded; rebuilt by the next calls
+        self._opened[cache_key] = (now + _SERVER_CACHE_SECONDS, row, config)
+        return row, config
 
     async def _client(
         self, key: SessionKey, row: AssetServer, config: ServerConfig, *, network: bool
@@ -214,7 +239,9 @@ class Connectors:
 
         try:
             async with asyncio.timeout(self.connect_timeout):
-                return await self.sessions.client(key, _version(row), opener)
+                return await self.sessions.client(
+                    key, _version(row), opener, local=config.transport == "stdio"
+                )
         except TimeoutError:
             raise _Unavailable(
                 f"cannot connect to the MCP server {config.name!r}: no answer within "
@@ -326,6 +353,11 @@ class Connectors:
         closed = await self.sessions.close_task(tenant_id, task_id)
         if closed:
             log.info("closed %d MCP session(s) of task %s", closed, task_id)
+
+    async def task_removed(self, tenant_id: str, task_id: str) -> None:
+        closed = await self.sessions.close_task(tenant_id, task_id, turn_end=False)
+        if closed:
+            log.info("task %s deleted: closed %d MCP session(s)", task_id, closed)
 
     async def sweep(self) -> None:
         closed = await self.sessions.sweep()

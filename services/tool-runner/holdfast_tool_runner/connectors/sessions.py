@@ -4,7 +4,11 @@ A session costs a connection and a handshake (for a stdio server, a sandboxed
 process and its start-up), so a runner keeps one per (tenant, task, server) and
 reuses it for every call of the task that reaches this runner. Who closes one:
 
-* the task's turn ending (the runner's reap request: :meth:`Sessions.close_task`);
+* for a stdio server, the task's turn ending (the runner's reap request:
+  :meth:`Sessions.close_task`), since the reaper kills what runs in the task's
+  sandbox then anyway; a session over HTTP outlives the turn, so the task's next
+  turns call on it without a new handshake;
+* the task's deletion (:meth:`Sessions.close_task` with ``turn_end=False``);
 * idleness, ``HOLDFAST_ASSET_SESSION_IDLE_SECONDS`` without a call (:meth:`sweep`);
 * a failure: a call that times out or finds the transport gone closes its session,
   and the next call opens a new one;
@@ -45,9 +49,10 @@ Opener = Callable[[], AbstractAsyncContextManager[Client]]
 class _Held:
     """One session, opened and closed by its own task."""
 
-    def __init__(self, key: SessionKey, version: str, opener: Opener) -> None:
+    def __init__(self, key: SessionKey, version: str, opener: Opener, *, local: bool) -> None:
         self.key = key
         self.version = version
+        self.local = local
         self.last_used = time.monotonic()
         self._opener = opener
         self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
@@ -96,10 +101,13 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._held)
 
-    async def client(self, key: SessionKey, version: str, opener: Opener) -> Client:
+    async def client(
+        self, key: SessionKey, version: str, opener: Opener, *, local: bool = False
+    ) -> Client:
         """The task's connected session to the server, opened with ``opener`` if it
         has none (or one of another ``version`` of the server's registration).
-        Raises what opening raised."""
+        ``local``: the server runs in the task's sandbox (stdio), so the session
+        ends with the turn. Raises what opening raised."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             held = self._held.get(key)
@@ -107,7 +115,7 @@ class Sessions:
                 await self._drop(key)
                 held = None
             if held is None:
-                held = _Held(key, version, opener)
+                held = _Held(key, version, opener, local=local)
                 self._held[key] = held
             held.last_used = time.monotonic()
             try:
@@ -130,9 +138,14 @@ class Sessions:
         if held is not None:
             await held.close()
 
-    async def close_task(self, tenant_id: str, task_id: str) -> int:
-        """Close every session of the task (its turn ended); how many there were."""
-        keys = [k for k in self._held if k.tenant_id == tenant_id and k.task_id == task_id]
+    async def close_task(self, tenant_id: str, task_id: str, *, turn_end: bool = True) -> int:
+        """Close the task's sessions: at a turn's end its stdio servers' (the
+        reaper ends their processes), else all of them; how many."""
+        keys = [
+            k
+            for k, held in self._held.items()
+            if k.tenant_id == tenant_id and k.task_id == task_id and (held.local or not turn_end)
+        ]
         await asyncio.gather(*(self._drop(key) for key in keys))
         for key in keys:
             self._locks.pop(key, None)
