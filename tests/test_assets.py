@@ -958,6 +958,9 @@ async def test_oauth_connect_callback_and_a_token_refreshed_mid_task(
     error = by_type(got, "tool_result")[0]["error"]
     assert "connect" in error, error
     assert got.events[-1]["phase"] == "completed"
+    # The server says it needs connecting again (and its tools leave the agent's list).
+    server = await client.get(f"{base}/assets/servers/{name}", headers=_headers(key))
+    assert server.json()["status"] == "needs_authorization", server.json()
 
     # No token the authorization server issued is anywhere it should not be.
     logs = "\n".join(p.read_text(errors="replace") for p in engine.log_dir.glob("*.log"))

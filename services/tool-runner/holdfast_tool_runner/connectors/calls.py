@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from holdfast_shared.assets import ServerConfig, Vault, VaultError, find_server, open_server
+from holdfast_shared.assets import (
+    NEEDS_AUTHORIZATION,
+    ServerConfig,
+    Vault,
+    VaultError,
+    find_server,
+    open_server,
+)
 from holdfast_shared.assets.catalogue import listed_tool
 from holdfast_shared.assets.oauth import NeedsAuthorization, OAuthRecord, StoredOAuth
 from holdfast_shared.assets.servers import open_oauth, seal_credentials
@@ -135,6 +142,8 @@ class Connectors:
         self.sessions = Sessions(idle_seconds=idle_seconds)
         # (tenant, server) → (until, row, opened config): see _server.
         self._opened: dict[tuple[str, str], tuple[float, AssetServer, ServerConfig]] = {}
+        # Each open session's OAuth (none for other auth types).
+        self._auth: dict[SessionKey, list[StoredOAuth]] = {}
 
     # -- tool calls ------------------------------------------------------------
     async def call(self, job: ToolCallJob) -> ToolOutcome:
@@ -163,6 +172,8 @@ class Connectors:
             self.sessions.touch(key)
             return redactor.outcome(call_outcome(result))
         except _Unavailable as exc:
+            if any(a.needs_authorization for a in self._auth.get(key, ())):
+                await self._refused(job.tenant_id, job.server)
             return redactor.outcome(ToolOutcome(error=str(exc)))
 
     # -- probes ----------------------------------------------------------------
@@ -235,7 +246,10 @@ class Connectors:
         self, key: SessionKey, row: AssetServer, config: ServerConfig, *, network: bool
     ) -> Client:
         def opener() -> contextlib.AbstractAsyncContextManager[Client]:
-            return self._open(row, config, key.task_id, network=network, auth=[])
+            # The session's OAuth, kept to tell afterwards whether it was refused.
+            auth: list[StoredOAuth] = []
+            self._auth[key] = auth
+            return self._open(row, config, key.task_id, network=network, auth=auth)
 
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -320,6 +334,19 @@ class Connectors:
         except SandboxUnavailable as exc:
             raise _Unavailable(f"sandbox unavailable, the server did not start: {exc}") from None
 
+    async def _refused(self, tenant_id: str, name: str) -> None:
+        """The server's authorization was revoked (its refresh refused): it
+        needs connecting again, and its tools leave the agents' tool lists
+        (only a ready server's are offered) until the user does."""
+        self._opened.pop((tenant_id, name), None)
+        async with self.db.begin() as session:
+            await session.execute(
+                update(AssetServer)
+                .where(AssetServer.tenant_id == tenant_id, AssetServer.name == name)
+                .values(status=NEEDS_AUTHORIZATION, updated_at=AssetServer.updated_at)
+            )
+        log.warning("MCP server %s of tenant %s needs authorization again", name, tenant_id)
+
     def _oauth(self, config: ServerConfig, record: OAuthRecord) -> StoredOAuth:
         assert config.url is not None and self.vault is not None
         vault = self.vault
@@ -361,6 +388,8 @@ class Connectors:
 
     async def sweep(self) -> None:
         closed = await self.sessions.sweep()
+        for key in [k for k in self._auth if k not in self.sessions]:
+            del self._auth[key]
         if closed:
             log.info("closed %d idle MCP session(s)", closed)
 

@@ -101,6 +101,9 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._held)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._held
+
     async def client(
         self, key: SessionKey, version: str, opener: Opener, *, local: bool = False
     ) -> Client:
