@@ -1,6 +1,11 @@
 # One image for every Holdfast service; the command picks the service:
 #   docker run holdfast gateway | loop-worker | tool-runner | learning | migrate
-FROM python:3.11-slim
+#
+# BASE: any Debian bookworm image. The default has Python; on a base without it
+# (docker/build-images.sh builds one from Debian's packages, for machines that
+# cannot pull from a registry) the first step installs Debian's python3.
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 # bubblewrap and libseccomp: the tool-runner's sandbox; slirp4netns: the network of a
 # sandbox allowed one (its own namespace; needs /dev/net/tun, see compose.yaml);
@@ -9,9 +14,17 @@ FROM python:3.11-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends bubblewrap libseccomp2 slirp4netns \
         e2fsprogs mount \
+    && if ! command -v python3 >/dev/null; then \
+        apt-get install -y --no-install-recommends python3 python3-venv ca-certificates; \
+    fi \
     && rm -rf /var/lib/apt/lists/*
 
-COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/
+# uv from PyPI (not an image of its own, so no registry beyond PyPI is needed),
+# in a venv of its own: Debian's python3 refuses system-wide pip installs.
+ARG UV_VERSION=0.13.9
+RUN python3 -m venv /opt/uv \
+    && /opt/uv/bin/pip install --no-cache-dir --disable-pip-version-check "uv==${UV_VERSION}" \
+    && ln -s /opt/uv/bin/uv /opt/uv/bin/uvx /usr/local/bin/
 
 ENV UV_COMPILE_BYTECODE=1 \
     UV_LINK_MODE=copy \
@@ -28,6 +41,7 @@ COPY services/gateway/pyproject.toml services/gateway/
 COPY services/loop-worker/pyproject.toml services/loop-worker/
 COPY services/tool-runner/pyproject.toml services/tool-runner/
 COPY services/learning/pyproject.toml services/learning/
+COPY clients/python/pyproject.toml clients/python/
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --no-install-workspace
 
