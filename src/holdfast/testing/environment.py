@@ -41,6 +41,7 @@ from holdfast_shared.assets import Vault
 from holdfast_shared.keys import Keys
 
 from holdfast.embedded import EmbeddedPostgres
+from holdfast.testing.cluster import cluster_enabled_at
 from holdfast.testing.database import add_api_key, create_database, drop_database
 from holdfast.testing.processes import (
     KINDS,
@@ -156,13 +157,20 @@ class EngineEnvironment:
                 HOLDFAST_ASSET_ENCRYPTION_KEY=Vault.generate_key(),
             )
             self.env.update(env or {})
+            if "HOLDFAST_REDIS_CLUSTER" not in self.env and cluster_enabled_at(self.redis_url):
+                # A node of a Redis Cluster: the engine runs on the cluster client.
+                self.env["HOLDFAST_REDIS_CLUSTER"] = "true"
             self.env.update(
                 HOLDFAST_REDIS_URL=self.redis_url,
                 HOLDFAST_DATABASE_URL=self.database_url,
                 HOLDFAST_REDIS_PREFIX=self.prefix,
                 HOLDFAST_WORKSPACE_ROOT=str(self.workspace_root),
             )
-            self._readiness = Readiness(self.redis_url, Keys(self.prefix))
+            self._readiness = Readiness(
+                self.redis_url,
+                Keys(self.prefix),
+                cluster=self.env.get("HOLDFAST_REDIS_CLUSTER", "").lower() in ("1", "true", "yes"),
+            )
         except BaseException:
             self.close()
             raise

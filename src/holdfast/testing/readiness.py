@@ -23,6 +23,7 @@ import urllib.request
 
 import redis
 from holdfast_shared.keys import Keys
+from holdfast_shared.redisconn import connect_sync
 
 from holdfast.testing.processes import Process
 
@@ -53,11 +54,9 @@ class Readiness:
     call from several threads at once.
     """
 
-    def __init__(self, redis_url: str, keys: Keys) -> None:
+    def __init__(self, redis_url: str, keys: Keys, *, cluster: bool = False) -> None:
         self.keys = keys
-        self._redis = redis.Redis.from_url(
-            redis_url, decode_responses=True, socket_timeout=2, socket_connect_timeout=2
-        )
+        self._redis = connect_sync(redis_url, timeout=2, cluster=cluster)
 
     def registration(self, process: Process) -> str | None:
         """The Redis key whose presence says ``process`` is ready (None: a gateway)."""

@@ -14,9 +14,12 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import cast
 
 import redis
+from redis.cluster import RedisCluster
 
+from holdfast.testing.cluster import cluster_enabled_at
 from holdfast.testing.processes import free_port, kill_now, tail
 
 START_TIMEOUT_SECONDS = 30.0
@@ -117,16 +120,21 @@ def delete_keys(redis_url: str, prefix: str) -> int:
         raise ValueError("an empty prefix would delete every key")
     deleted = 0
     escaped = _glob_escape(prefix)
-    with redis.Redis.from_url(redis_url, socket_timeout=10) as client:
+    if cluster_enabled_at(redis_url):
+        # Every master's keys; DEL split per slot by the cluster client.
+        client = cast(redis.Redis, RedisCluster.from_url(redis_url, socket_timeout=10))
+    else:
+        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    with client as conn:
         for pattern in (f"{escaped}*", f"arq:*:{escaped}*"):
             batch: list[bytes] = []
-            for key in client.scan_iter(match=pattern, count=1000):
+            for key in conn.scan_iter(match=pattern, count=1000):
                 batch.append(key)
                 if len(batch) >= 500:
-                    deleted += int(client.delete(*batch))
+                    deleted += int(conn.delete(*batch))
                     batch = []
             if batch:
-                deleted += int(client.delete(*batch))
+                deleted += int(conn.delete(*batch))
     return deleted
 
 
