@@ -61,6 +61,9 @@ class Sizes:
     recovery_rounds: int
     recovery_kills: int
     recovery_turns: int
+    scale_turns: int  # turns per loop-worker of the turns/s row (bench.phases.scale)
+    capacity_steps: tuple[int, ...]  # concurrent live turns tried (bench.phases.capacity)
+    capacity_hold: float  # seconds every step's turns all stream at once
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,10 @@ class Context:
         # phase; the providers phase measures the first itself when raw did not run.
         self.raw1: float | None = None
         self.raw_n: float | None = None
+        # The same with the producers' XADDs pipelined (bench.raw.pipelined): the
+        # most Redis takes here; the throughput rows report their ratio to it too.
+        self.raw1_pipelined: float | None = None
+        self.raw_n_pipelined: float | None = None
         # The instrumented workers' environment and provider server, shared by
         # the providers, tools and recovery phases (see instrumented()).
         self.provider_url: str | None = None

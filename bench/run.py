@@ -26,6 +26,8 @@ from bench.context import SMALL_CONCURRENCY, Context, Options, Sizes
 from bench.phases.recovery import RECOVERY_WORKERS
 from bench.table import render
 
+CAPACITY_STEPS = "10,25,50,100,200,400,600,800,1000"
+
 DESCRIPTION = (
     "Benchmark Holdfast end to end (a real gateway and loop-worker processes on the "
     "local Redis and PostgreSQL) against a raw redis-py XADD→XREAD baseline measured "
@@ -74,12 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--tasks", type=int, help="concurrent tasks (POSTs at once) [100; 50]")
     g.add_argument("--task-deltas", type=int, help="deltas per concurrent task [1000; 200]")
     g.add_argument("--latency-posts", type=int, help="sequential POSTs timed [300; 50]")
-    g.add_argument("--idle-connections", type=int, help="idle SSE connections [1000; 200]")
+    g.add_argument("--idle-connections", type=int, help="idle SSE connections [10000; 200]")
     g.add_argument(
         "--idle-tasks",
         type=int,
         help="quietly running turns the idle connections follow, round robin "
-        "[= --idle-connections: one task per connection]",
+        "[at most 1000; --quick: one task per connection]",
     )
     g.add_argument(
         "--idle-hold",
@@ -127,6 +129,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--recovery-turns",
         type=int,
         help=f"slow turns running on the {RECOVERY_WORKERS} workers in each round [9; 6]",
+    )
+    g.add_argument(
+        "--scale-turns",
+        type=int,
+        help="turns per loop-worker in the turns/s row (1 and 4 workers) [60; 30]",
+    )
+    g.add_argument(
+        "--capacity-steps",
+        help=f"comma-separated numbers of concurrent live turns (50 deltas/s each) tried "
+        f"in order until the delta's p99 passes 100 ms [{CAPACITY_STEPS}; 10,25,50]",
+    )
+    g.add_argument(
+        "--capacity-hold",
+        type=float,
+        help="seconds all of a step's turns stream at once, timed [8; 4]",
     )
     e = p.add_argument_group("engine")
     e.add_argument(
@@ -198,7 +215,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     def pick(value: Any, full: Any, small: Any) -> Any:
         return value if value is not None else (small if args.quick else full)
 
-    idle_connections = pick(args.idle_connections, 1000, 200)
+    idle_connections = pick(args.idle_connections, 10_000, 200)
     sizes = Sizes(
         raw_events=pick(args.raw_events, 50_000, 10_000),
         raw_streams=args.raw_streams,
@@ -207,7 +224,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         task_deltas=pick(args.task_deltas, 1_000, 200),
         latency_posts=pick(args.latency_posts, 300, 50),
         idle_connections=idle_connections,
-        idle_tasks=pick(args.idle_tasks, idle_connections, idle_connections),
+        idle_tasks=pick(args.idle_tasks, min(idle_connections, 1000), idle_connections),
         idle_hold=pick(args.idle_hold, 20.0, 6.0),
         provider_turns=pick(args.provider_turns, 200, 50),
         provider_deltas=pick(args.provider_deltas, 20_000, 5_000),
@@ -220,6 +237,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         recovery_rounds=pick(args.recovery_rounds, 2, 1),
         recovery_kills=args.recovery_kills,
         recovery_turns=pick(args.recovery_turns, 9, 6),
+        scale_turns=pick(args.scale_turns, 60, 30),
+        capacity_steps=tuple(
+            int(x) for x in pick(args.capacity_steps, CAPACITY_STEPS, "10,25,50").split(",")
+        ),
+        capacity_hold=pick(args.capacity_hold, 8.0, 4.0),
     )
     args.options = Options(
         sizes=sizes,

@@ -65,7 +65,7 @@ def _throughput_rows(
         if not recorded:
             recorded.extend(one.recorded)
         rates.append(one.steady)
-        rows.append(_ratio_row(label, one, ctx.raw1, cpu, pg))
+        rows.append(_ratio_row(label, one, ctx.raw1, ctx.raw1_pipelined, cpu, pg))
     label = f"E2E text_delta via SSE, {s.tasks} tasks x {s.task_deltas:,}, {suffix}"
     ctx.say(label)
     many = None
@@ -76,7 +76,7 @@ def _throughput_rows(
         )
     if many is not None:
         rates.append(many.steady)
-        rows.append(_ratio_row(label, many, ctx.raw_n, cpu, pg))
+        rows.append(_ratio_row(label, many, ctx.raw_n, ctx.raw_n_pipelined, cpu, pg))
     return rows
 
 
@@ -84,15 +84,23 @@ def _ratio_row(
     label: str,
     t: scenarios.Throughput,
     base: float | None,
+    pipelined: float | None,
     cpu: harness.CpuMeter,
     pg: harness.PgConnections,
 ) -> Row:
     ratio = t.from_post / base if base else None
+    # The target is against the awaited baseline; the pipelined one (the most
+    # Redis takes) is shown beside it.
+    base_cell = fmt_rate(base) if base else "n/a"
+    ratio_cell = f"{ratio:.2f}" if ratio is not None else "n/a"
+    if pipelined:
+        base_cell += f"\npipelined {fmt_rate(pipelined)}"
+        ratio_cell += f"\n{t.from_post / pipelined:.2f}"
     return Row(
         label,
         f"{fmt_rate(t.from_post)}\n(steady {fmt_rate(t.steady)})",
-        fmt_rate(base) if base else "n/a",
-        f"{ratio:.2f}" if ratio is not None else "n/a",
+        base_cell,
+        ratio_cell,
         f"≥ {TARGET_RATIO}",
         f"POST sent → last delta received (steady: first → last delta); "
         f"{t.total:,} deltas in {t.chunks:,} HTTP chunks, {t.wall:.2f} s. "

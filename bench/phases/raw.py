@@ -1,4 +1,4 @@
-"""redis-py XADD→XREAD on the bench's Redis, 1 stream and N streams: the baseline of the ratios.
+"""redis-py XADD→XREAD on this Redis, 1 and N streams, XADDs awaited or pipelined: the baselines.
 
 Runs first, before any engine process starts. See ``bench.raw``.
 """
@@ -39,4 +39,30 @@ def run(ctx: Context) -> list[Row]:
             f"XREADing all {s.raw_streams} keys",
         )
     )
+    for streams in (1, s.raw_streams):
+        ctx.say(f"raw baseline, pipelined: {s.raw_events:,} entries, {streams} stream(s)")
+        rate = _pipelined(ctx, streams)
+        if streams == 1:
+            ctx.raw1_pipelined = rate
+        else:
+            ctx.raw_n_pipelined = rate
+        rows.append(
+            Row(
+                f"raw redis-py XADD→XREAD pipelined, {streams} stream"
+                + ("s" if streams > 1 else ""),
+                fmt_rate(rate),
+                detail=f"{s.raw_events:,} entries; {streams} producer"
+                + ("s" if streams > 1 else "")
+                + f" sending XADDs in pipelines of {raw.PIPELINE} (one round trip each), 1 "
+                f"consumer XREAD BLOCK COUNT {raw.READ_COUNT}: the most Redis takes here",
+            )
+        )
     return rows
+
+
+def _pipelined(ctx: Context, streams: int) -> float:
+    engine = ctx.engine
+    return run_async(
+        lambda: raw.pipelined(engine.redis_url, engine.prefix, ctx.sizes.raw_events, streams),
+        ctx.use_uvloop,
+    )

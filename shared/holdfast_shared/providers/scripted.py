@@ -14,7 +14,9 @@ It goes through the same code path as a real provider. What it answers:
   ``thinking`` streams a thinking block first; ``text`` is split into words,
   or repeated ``deltas`` times when that is given (benchmarks use this);
   ``delay_ms`` pauses between deltas; ``stop_reason`` is reported as the
-  model's; ``fail`` raises a provider error with that message after the
+  model's; ``"stamp": true`` makes each delta's text ``@<time.time()>``
+  as it is yielded (the bench's capacity row times provider → client
+  with it); ``fail`` raises a provider error with that message after the
   deltas, to exercise error paths. Text after the object is ignored by the
   script (it is still the message the turn's memories are looked up by).
 
@@ -49,6 +51,7 @@ import asyncio
 import json
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -165,6 +168,7 @@ class ScriptedProvider:
             elif _SUMMARY_MARK in request.soul and "text" in script and "deltas" not in script:
                 script["text"] = f"{script['text']} [summary in context]"
         delay = float(script.get("delay_ms", 0)) / 1000
+        stamp = bool(script.get("stamp"))
         index = 0
         output_tokens = 0
 
@@ -187,7 +191,9 @@ class ScriptedProvider:
             for chunk in chunks:
                 if delay:
                     await asyncio.sleep(delay)
-                yield TextChunk(index, chunk)
+                # "stamp": the delta carries when it left the provider (wall
+                # clock, shared by every process here), for latency benchmarks.
+                yield TextChunk(index, f"@{time.time():.6f}" if stamp else chunk)
             if script.get("fail"):
                 # Mid-block, the way a dropped connection breaks a real stream.
                 raise ProviderError("LLM_PROVIDER_ERROR", str(script["fail"]), retryable=True)
