@@ -1,0 +1,353 @@
+"""The loop-worker's part of executions (``/v1/execution``): pause, automatic
+checkpoints, ``max_duration_seconds`` and retries, at the turn's step boundaries.
+
+``turn.py`` and ``consumer.py`` call in at a few points and leave the rest here:
+
+* when it claims a turn, :meth:`ExecutionRun.load` — None unless the turn is
+  an execution's (one indexed read), and every other hook is then a no-op;
+* while it streams a model call, :func:`interrupt_for_pause` (the consumer's
+  pause listener): the call is cut off so a pause lands in well under a
+  second, not after the model's whole answer;
+* at every step boundary (the top of ``_drive``'s loop: after each snapshot,
+  and before the first step) :func:`at_boundary`: a pause request for this
+  turn (``Keys.pause``, set by the gateway) raises :class:`PauseRequested`,
+  and an automatic checkpoint is taken when ``checkpoint_interval_seconds``
+  passed since the last one;
+* for the deadline, :meth:`ExecutionRun.budget`: the turn's time budget is cut
+  to what is left of ``max_duration_seconds`` (active time: a turn's
+  ``active_ms`` counts only time it ran, so pauses are excluded);
+* where the turn parks on a pause (:func:`park_paused`, like HITL parking:
+  snapshot, lock kept, lease released with status ``paused``, no worker
+  held) and where it ends (:func:`turn_ended`: the execution's status; or,
+  for a failed step with ``retry`` left, a rollback to the last checkpoint
+  and a resume after the backoff).
+
+A paused turn (``turns.status = paused``) is neither claimed (``lease.py``
+claims queued, running and parked turns only) nor requeued by ``recovery.py``
+(queued and running only): only a resume (the gateway sets it ``running`` and
+queues the job) continues it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from holdfast_shared.db.models import ChannelStateSnapshot, Execution, Turn
+from holdfast_shared.errors import ErrorCode, TurnSignal
+from holdfast_shared.eventlog import EventLog
+from holdfast_shared.events import ErrorEvent
+from holdfast_shared.executions import RollbackTarget, roll_back
+from holdfast_shared.executions import store as executions
+from holdfast_shared.jobs import TurnJob
+from holdfast_shared.keys import Keys
+from holdfast_shared.turnlock import TurnLock
+from holdfast_shared.workspace_archive.requests import (
+    WorkspaceRequestError,
+    checkpoint_workspace,
+)
+from redis.asyncio import Redis
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from holdfast_loop_worker.lease import Leases
+from holdfast_loop_worker.state import Snapshots, TurnState
+from holdfast_loop_worker.stopping import TurnStop
+from holdfast_loop_worker.toolcalls import ToolCaller
+
+log = logging.getLogger(__name__)
+
+# Failures a retry cannot help: the execution's own time is up, or the turn's.
+_NOT_RETRIED = frozenset({ErrorCode.EXECUTION_MAX_DURATION, ErrorCode.DEADLINE_EXCEEDED})
+
+
+# What this module uses of ``turn.py``'s TurnContext and TurnRunner, as
+# protocols: ``turn.py`` imports this module, so this one must not import it.
+class _Context(Protocol):
+    @property
+    def sessions(self) -> async_sessionmaker[AsyncSession]: ...
+    @property
+    def redis(self) -> Redis: ...
+    @property
+    def keys(self) -> Keys: ...
+    @property
+    def eventlog(self) -> EventLog: ...
+    @property
+    def snapshots(self) -> Snapshots: ...
+    @property
+    def leases(self) -> Leases: ...
+    @property
+    def lock(self) -> TurnLock: ...
+    @property
+    def tools(self) -> ToolCaller | None: ...
+    @property
+    def hitl_ttl_seconds(self) -> int: ...
+
+
+class _TaskName(Protocol):
+    @property
+    def task_name(self) -> str: ...
+
+
+class TurnRunner(Protocol):
+    @property
+    def ctx(self) -> _Context: ...
+    @property
+    def job(self) -> TurnJob: ...
+    @property
+    def state(self) -> TurnState: ...
+    @property
+    def stop(self) -> TurnStop: ...
+    @property
+    def emitter(self) -> _TaskName: ...
+    @property
+    def streaming(self) -> bool: ...
+    @property
+    def execution(self) -> ExecutionRun | None: ...
+    async def _snapshot(self, reason: str, *, advance: bool = True) -> None: ...
+    def _active_ms(self) -> int: ...
+
+
+class PauseRequested(TurnSignal):
+    """The execution was asked to pause: the turn parks at this step boundary."""
+
+
+@dataclass
+class ExecutionRun:
+    """What a turn needs to know of its execution, read when it is claimed."""
+
+    execution_id: str
+    max_duration_seconds: float | None
+    checkpoint_interval_seconds: float | None
+    retry_max_attempts: int
+    retry_backoff_seconds: float
+    last_checkpoint: datetime
+    # Set when the turn's time budget is the execution's (not the turn deadline).
+    budget_is_execution: bool = False
+
+    @classmethod
+    async def load(cls, runner: TurnRunner) -> ExecutionRun | None:
+        async with runner.ctx.sessions() as session:
+            row = await executions.of_task(session, runner.job.task_id)
+        if row is None or row.turn_id != runner.job.turn_id:
+            return None  # not an execution, or another turn of its task
+        config: dict[str, Any] = row.config or {}
+        retry: dict[str, Any] = config.get("retry") or {}
+        return cls(
+            execution_id=row.id,
+            max_duration_seconds=config.get("max_duration_seconds"),
+            checkpoint_interval_seconds=config.get("checkpoint_interval_seconds"),
+            retry_max_attempts=int(retry.get("max_attempts", 0)),
+            retry_backoff_seconds=float(retry.get("backoff_seconds", 0)),
+            last_checkpoint=row.last_checkpoint_at or row.started_at,
+        )
+
+    def budget(self, turn_budget: float, active_ms: int) -> float:
+        """The turn's time budget, cut to what is left of ``max_duration_seconds``."""
+        if self.max_duration_seconds is None:
+            return turn_budget
+        left = max(0.0, self.max_duration_seconds - active_ms / 1000)
+        self.budget_is_execution = left < turn_budget
+        return min(turn_budget, left)
+
+    def deadline_message(self) -> str:
+        return (
+            f"the execution ran past its max_duration_seconds ({self.max_duration_seconds:g}) "
+            "of active time"
+        )
+
+
+async def at_boundary(runner: TurnRunner) -> None:
+    """Between two steps: pause if asked to, take an automatic checkpoint if due."""
+    run = runner.execution
+    if run is None:
+        return
+    ctx = runner.ctx
+    if await ctx.redis.get(ctx.keys.pause(runner.job.task_id)) == runner.job.turn_id:
+        raise PauseRequested()
+    interval = run.checkpoint_interval_seconds
+    now = datetime.now(UTC)
+    if interval is not None and now - run.last_checkpoint >= timedelta(seconds=interval):
+        run.last_checkpoint = now
+        await _automatic_checkpoint(runner, run)
+
+
+async def _automatic_checkpoint(runner: TurnRunner, run: ExecutionRun) -> None:
+    ctx = runner.ctx
+    job = runner.job
+    archive_id: str | None = None
+    if ctx.tools is not None:
+        try:
+            archive_id = await checkpoint_workspace(
+                ctx.redis, ctx.keys, tenant_id=job.tenant_id, task_id=job.task_id
+            )
+        except WorkspaceRequestError:
+            # A checkpoint without its files would empty them on rollback: none.
+            log.warning("execution %s: workspace not archived; no checkpoint", run.execution_id)
+            return
+    async with ctx.sessions.begin() as session:
+        row = await session.get(Execution, run.execution_id)
+        if row is None:
+            return
+        _snapshot, last_message = await executions.turn_position(session, job.task_id, job.turn_id)
+        # At a boundary the turn's state is its latest snapshot (or, before the
+        # first one, the state the loop starts from).
+        await executions.add_checkpoint(
+            session,
+            row,
+            label="automatic",
+            state=row.state,
+            turn_state=runner.state.to_json(),
+            last_message_id=last_message,
+            working_memory=dict(runner.state.working_memory),
+            workspace_archive_id=archive_id,
+            automatic=True,
+        )
+
+
+def interrupt_for_pause(runner: TurnRunner) -> None:
+    """A pause request published for this turn (``Keys.pauses``): a model call in
+    its stream is cut off now rather than awaited — the turn then parks as at a
+    boundary, and on resume that call runs again (``turn_resumed`` names its
+    partial output to drop). A tool call is never cut: its step ends first and
+    the boundary check parks the turn.
+
+    ``streaming`` is set and cleared with no await between it and the stream, so
+    the cancellation lands inside the model call.
+    """
+    if runner.execution is not None and runner.streaming:
+        runner.stop.request("pause")
+
+
+async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:
+    """Park the turn on its pause request, the way a HITL question parks it.
+
+    ``cut``: a model call was cut off; the snapshot keeps the last boundary's
+    ``last_seq``, so the resumer names the call's partial output (as after a
+    hand-back).
+    """
+    ctx = runner.ctx
+    job = runner.job
+    await runner._snapshot("pause", advance=not cut)
+    await ctx.lock.extend(job.task_id, job.turn_id, ctx.hitl_ttl_seconds + 3600)
+    # One transaction: the lease goes (as Leases.release(status="paused") does)
+    # with the row marked, so the execution reads paused exactly when no worker
+    # holds the turn any more.
+    async with ctx.sessions.begin() as session:
+        # A pause may last as long as a question may wait: the snapshot must too.
+        newest = (
+            select(ChannelStateSnapshot.id)
+            .where(ChannelStateSnapshot.turn_id == job.turn_id)
+            .order_by(ChannelStateSnapshot.id.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        await session.execute(
+            update(ChannelStateSnapshot)
+            .where(ChannelStateSnapshot.id == newest)
+            .values(expires_at=datetime.now(UTC) + ctx.snapshots.hitl_ttl)
+        )
+        await session.execute(
+            update(Turn)
+            .where(Turn.id == job.turn_id, Turn.lease_owner == ctx.leases.owner)
+            .values(status="paused", lease_owner=None, lease_until=None)
+        )
+        await executions.mark_paused(session, job.task_id, runner.state.active_ms)
+    return "paused"
+
+
+async def turn_ended(runner: TurnRunner, status: str, last: list[Any]) -> None:
+    """After the turn's end is recorded: the execution's status, or a retry."""
+    run = runner.execution
+    if run is None:
+        return
+    ctx = runner.ctx
+    job = runner.job
+    await ctx.redis.delete(ctx.keys.pause(job.task_id))
+    error = next((e for e in last if isinstance(e, ErrorEvent)), None)
+    active_ms = runner._active_ms()
+    if status == "errored" and error is not None and error.error not in _NOT_RETRIED:
+        if await _retry(runner, run, f"{error.error}: {error.message}"):
+            return
+    async with ctx.sessions.begin() as session:
+        if status == "completed":
+            await executions.mark_ended(session, job.task_id, "completed", turn_active_ms=active_ms)
+        elif status == "cancelled":
+            await executions.mark_ended(
+                session, job.task_id, "terminated", turn_active_ms=active_ms
+            )
+        else:
+            reason = f"{error.error}: {error.message}" if error else "the turn failed"
+            await executions.mark_ended(
+                session, job.task_id, "failed", turn_active_ms=active_ms, reason=reason
+            )
+
+
+async def _retry(runner: TurnRunner, run: ExecutionRun, reason: str) -> bool:
+    """Roll back to the last checkpoint and run the turn again after the backoff;
+    False when no attempt is left (or the task moved on)."""
+    ctx = runner.ctx
+    job = runner.job
+    async with ctx.sessions.begin() as session:
+        attempt = await session.scalar(
+            update(Execution)
+            .where(
+                Execution.id == run.execution_id,
+                Execution.status == "running",
+                Execution.attempts < run.retry_max_attempts,
+            )
+            .values(attempts=Execution.attempts + 1, failure_reason=None)
+            .returning(Execution.attempts)
+        )
+    if attempt is None:
+        return False
+    # The terminal event let the task go: take it again, unless a new message
+    # already did (that turn is the task's now; this execution ends failed).
+    if not await ctx.lock.acquire(job.task_id, job.turn_id):
+        return False
+    log.info("execution %s: attempt %d after %s", run.execution_id, attempt + 1, reason)
+    backoff = run.retry_backoff_seconds
+    try:
+        async with ctx.sessions() as session:
+            row = await session.get(Execution, run.execution_id)
+            checkpoint = await executions.latest_checkpoint(session, run.execution_id)
+        assert row is not None
+        await roll_back(
+            sessions=ctx.sessions,
+            redis=ctx.redis,
+            keys=ctx.keys,
+            eventlog=ctx.eventlog,
+            execution=row,
+            task_name=runner.emitter.task_name,
+            target=RollbackTarget(checkpoint),
+            snapshot_ttl=ctx.snapshots.active_ttl,
+        )
+        async with ctx.sessions.begin() as session:
+            # Ours until the backoff ends: should this worker die meanwhile, the
+            # lease lapses and whoever takes the job over runs the retry.
+            await session.execute(
+                update(Turn)
+                .where(Turn.id == job.turn_id)
+                .values(
+                    status="running",
+                    stop_reason=None,
+                    finished_at=None,
+                    lease_owner=ctx.leases.owner,
+                    lease_until=datetime.now(UTC)
+                    + timedelta(seconds=backoff)
+                    + ctx.leases.duration,
+                )
+            )
+    except Exception:
+        log.exception("execution %s: the retry could not be prepared", run.execution_id)
+        await ctx.lock.release(job.task_id, job.turn_id)
+        return False
+    await asyncio.sleep(backoff)
+    await ctx.leases.release(job.turn_id)
+    await ctx.redis.xadd(
+        ctx.keys.turns, TurnJob.resuming(job.tenant_id, job.task_id, job.turn_id).to_fields()
+    )
+    return True

@@ -1,0 +1,49 @@
+"""Workspace checkpoints kept off the tool-runner's disk.
+
+A task's workspace is archived content-addressed (``tree.py``): each file's
+content is one zstd-compressed blob keyed by its SHA-256, stored once per
+tenant; an archive is a manifest (``manifest.py``) of paths to blobs, modes,
+sizes, mtimes and symlink targets. Archives live where every tool-runner
+reaches them (``stores.py``: PostgreSQL or a directory). Other services ask a
+tool-runner for a checkpoint or a restore through ``requests.py``.
+"""
+
+from holdfast_shared.workspace_archive.manifest import Entry, Manifest, ManifestError
+from holdfast_shared.workspace_archive.requests import (
+    WorkspaceRequestError,
+    WorkspaceRequestTimeout,
+    checkpoint_workspace,
+    restore_workspace,
+)
+from holdfast_shared.workspace_archive.stores import (
+    ArchiveStore,
+    DirectoryStore,
+    PostgresStore,
+    store_from_settings,
+)
+from holdfast_shared.workspace_archive.tree import (
+    ArchiveError,
+    CheckpointResult,
+    RestoreResult,
+    checkpoint,
+    restore,
+)
+
+__all__ = [
+    "ArchiveError",
+    "ArchiveStore",
+    "CheckpointResult",
+    "DirectoryStore",
+    "Entry",
+    "Manifest",
+    "ManifestError",
+    "PostgresStore",
+    "RestoreResult",
+    "WorkspaceRequestError",
+    "WorkspaceRequestTimeout",
+    "checkpoint",
+    "checkpoint_workspace",
+    "restore",
+    "restore_workspace",
+    "store_from_settings",
+]
