@@ -1,0 +1,11 @@
+"""Metrics, traces and log context: what an operator sees of the engine.
+
+``metrics`` (every Prometheus series, defined once), ``tracing``
+(OpenTelemetry, on only with an OTLP endpoint), ``scopes`` (the one-line
+hooks where requests, turns and tool calls start), ``modelcalls`` (GenAI
+spans and model metrics), ``queues`` (stream and HITL gauges the gateway
+reads on scrape), ``process`` (a service's start-up). See docs/operations.md.
+
+Nothing is imported here: the event log imports ``metrics`` and must not
+pull in the rest.
+"""
