@@ -1,13 +1,14 @@
 """Recovery: a loop-worker SIGKILLed mid-turn, and what snapshots cost while nothing fails.
 
-* Takeover gap. Loop-workers with the default lease (``HOLDFAST_LEASE_SECONDS``
-  unset: 10 s). Each round starts slow turns on new tasks
+* Takeover gap. Loop-workers with the default liveness TTL and lease
+  (``HOLDFAST_LIVENESS_SECONDS`` and ``HOLDFAST_LEASE_SECONDS`` unset: 2 s
+  and 10 s). Each round starts slow turns on new tasks
   (``/script {"text": "x", "deltas": 400, "delay_ms": 50}``: 20 s of deltas),
   waits until every one is streaming, finds the worker holding the most of
   them (PostgreSQL ``turns.lease_owner`` is ``<hostname>-<pid>``), waits a
-  random 0 to 3.5 s (the lease is renewed every lease/3 s, so the kill lands at
-  a random point of the renewal cycle) and SIGKILLs it. For every turn that
-  worker held, the gap is the time from the kill to the client receiving
+  random 0 to 3.5 s (the lease is renewed every lease/3 s and the liveness key
+  every 0.5 s, so the kill lands at a random point of both cycles) and SIGKILLs
+  it. For every turn that worker held, the gap is the time from the kill to the client receiving
   the turn's next event written by another worker — its ``turn_resumed``.
   A replacement worker is started at once; at the end of the round the turns
   are cancelled (``POST /execute/cancel``) and read to their end.
@@ -92,6 +93,11 @@ class SnapshotSaves:
     # real one: where its time goes.
     no_ping_ms: list[float] = field(default_factory=list)  # pool_pre_ping off
     no_ping_async_commit_ms: list[float] = field(default_factory=list)  # and no WAL flush wait
+    # A step's PostgreSQL write (3 events + the state), interleaved: as one transaction
+    # (BEGIN, the events, the snapshot, COMMIT: the path before issue 16) and as one
+    # statement (EventLog's Writes: the events a CTE of the snapshot's INSERT).
+    step_transaction_ms: list[float] = field(default_factory=list)
+    step_statement_ms: list[float] = field(default_factory=list)
 
 
 async def snapshot_saves(
@@ -138,10 +144,49 @@ async def snapshot_saves(
                 )
                 if i >= warmup:
                     samples[which].append((time.perf_counter() - start) * 1000)
+            if i % variant_every == 0:
+                await _step_writes(engines[0], snapshots[0], state, n, out, timed=i >= warmup)
     finally:
         for engine in engines:
             await engine.dispose()
     return out
+
+
+async def _step_writes(
+    engine: Any, snapshots: Any, state: Any, n: int, out: SnapshotSaves, *, timed: bool
+) -> None:
+    """One step's write both ways, back to back (on the pre-ping engine)."""
+    from holdfast_shared.db.models import EventRecord
+    from holdfast_shared.eventlog import execute_at_once, one_statement
+    from sqlalchemy.dialects.postgresql import insert
+
+    task, turn = f"task_bench_step_{n:06d}", f"turn_bench_step_{n:06d}"
+
+    def rows(first: int) -> list[dict[str, Any]]:
+        return [
+            {
+                "task_id": task,
+                "seq": seq,
+                "type": "text_delta",
+                "timestamp": seq,
+                "data": '{"type":"text_delta","text":"x"}',
+                "turn_id": turn,
+            }
+            for seq in range(first, first + 3)
+        ]
+
+    start = time.perf_counter()
+    async with snapshots.sessions.begin() as session:
+        await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows(1))
+        snapshots.add(session, task, turn, "model_call", state)
+    middle = time.perf_counter()
+    events = insert(EventRecord).values(rows(4)).on_conflict_do_nothing()
+    snapshot = snapshots.statement(task, turn, "model_call", state)
+    await execute_at_once(engine, one_statement([events, snapshot]))  # as EventLog does
+    end = time.perf_counter()
+    if timed:
+        out.step_transaction_ms.append((middle - start) * 1000)
+        out.step_statement_ms.append((end - middle) * 1000)
 
 
 async def quick_turns(url: str, key: str, turns: int) -> None:
@@ -164,8 +209,8 @@ class Kill:
     remaining_lease_s: list[float] = field(default_factory=list)  # lease_until - kill
     gaps_s: list[float] = field(default_factory=list)  # kill → turn_resumed at the client
     # From the new worker's spans: kill → it starts announcing the resume
-    # (lease expired, XAUTOCLAIM, lease claimed, snapshot read), and that
-    # moment → the client has turn_resumed.
+    # (liveness key lapsed, entries claimed, leases ended, lease claimed, snapshot
+    # read), and that moment → the client has turn_resumed.
     pickup_s: list[float] = field(default_factory=list)
     resume_ms: list[float] = field(default_factory=list)
 
