@@ -27,6 +27,13 @@ _NOT_STORED = {
     "duplicate",
     "unknown_entity",
     "datetime_out_of_range",
+    # POST /execute's edit_message_id / retry_message_id: a message the task
+    # does not have, has taken off its branch, or that no user sent; a
+    # GET /tasks cursor the list did not hand out.
+    "unknown_message",
+    "message_off_branch",
+    "not_a_user_message",
+    "unknown_cursor",
 }
 
 

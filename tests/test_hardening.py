@@ -423,7 +423,7 @@ async def test_a_body_that_is_not_utf8_is_422(
         ("GET", "/execute", "POST"),
         ("DELETE", "/execute/replay", "GET"),
         ("PUT", "/hitl/respond", "POST"),
-        ("GET", "/tasks/some-task", "DELETE"),
+        ("PUT", "/tasks/some-task", "DELETE, GET"),
     ],
 )
 async def test_a_wrong_method_is_405_with_allow(
@@ -585,12 +585,16 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
     common = {"401", "422", "429", "500", "503"}
     expected = {
         ("post", "/execute"): common | {"200", "404", "409", "413", "415"},
-        ("get", "/execute/replay"): common | {"200", "404"},
+        ("get", "/execute/replay"): common | {"200", "403", "404"},
+        ("post", "/auth/stream-token"): common | {"200", "404", "413", "415"},
         ("post", "/execute/cancel"): common | {"200", "404", "409", "413", "415"},
         ("get", "/hitl/pending"): common | {"200"},
         ("post", "/hitl/respond"): common | {"200", "404", "409", "410", "413", "415"},
         ("delete", "/tasks/{task_id}"): common | {"200", "404", "409"},
         ("get", "/tasks/{task_id}/working-memory"): common | {"200", "404"},
+        ("get", "/tasks"): common | {"200", "404"},
+        ("get", "/tasks/{task_id}"): common | {"200", "404"},
+        ("get", "/tasks/{task_id}/messages"): common | {"200", "404"},
         ("get", "/agents"): common | {"200"},
         ("post", "/agents"): common | {"201", "409", "413", "415"},
         ("get", "/agents/{name}"): common | {"200", "404"},
@@ -622,6 +626,13 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
         # The authorization server sends the browser here: no API key, the state names it.
         ("get", "/assets/oauth/callback"): {"200", "400", "404", "422", "500", "503"},
         ("get", "/health"): {"200", "500", "503"},
+        ("post", "/v1/execution"): common | {"201", "404", "413", "415"},
+        ("get", "/v1/execution"): common | {"200"},
+        ("get", "/v1/execution/{execution_id}"): common | {"200", "404"},
+        ("delete", "/v1/execution/{execution_id}"): common | {"204", "404", "409"},
+        ("put", "/v1/execution/{execution_id}/checkpoint"): common | {"201", "404", "413", "415"},
+        ("post", "/v1/execution/{execution_id}/pause"): common | {"202", "404", "409"},
+        ("post", "/v1/execution/{execution_id}/resume"): common | {"200", "404", "409", "413"},
     }
     found = {
         (method, path): set(operation["responses"])

@@ -96,9 +96,13 @@ async def test_worker_killed_mid_stream_the_turn_goes_on(
 ) -> None:
     key = api_keys["main"]
     message = script(text="word ", deltas=40, delay_ms=50)
+    task_id = f"stream-kill-{secrets.token_hex(3)}"
     async with httpx.AsyncClient(timeout=60) as client:
-        live = asyncio.create_task(execute(client, cluster.url, key, {"message": message}))
-        await asyncio.sleep(0.8)  # some deltas are out
+        live = asyncio.create_task(
+            execute(client, cluster.url, key, {"message": message, "task_id": task_id})
+        )
+        # Killed once some deltas are out, however long the worker took to start.
+        await _until_text_streams(client, cluster.url, key, task_id)
         turn_id = await _running_turn(sessions)
         victim = process_of(cluster, await owner_of(sessions, turn_id) or "")
         cluster.kill(victim)
@@ -110,6 +114,16 @@ async def test_worker_killed_mid_stream_the_turn_goes_on(
     assert resumed[0]["discard_from_seq"] <= resumed[0]["discard_to_seq"] < resumed[0]["seq"]
     assert visible_text(got.events) == "word " * 40
     assert got.events[-1]["phase"] == "completed"
+
+
+async def _until_text_streams(client: httpx.AsyncClient, base: str, key: str, task_id: str) -> None:
+    """Returns once the task's log holds a text delta (a replay that follows it live)."""
+    for _ in range(100):
+        got = await replay(client, base, key, {"task_id": task_id, "after": 0}, limit=8)
+        if got.status == 200 and "text_delta" in got.types:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the turn never streamed text")
 
 
 async def _running_turn(sessions: Any) -> str:

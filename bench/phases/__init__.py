@@ -14,7 +14,24 @@ from __future__ import annotations
 from typing import Protocol
 
 from bench.context import Context
-from bench.phases import context, e2e, idle, latency, mcp, memory, providers, raw, recovery, tools
+from bench.phases import (
+    capacity,
+    console,
+    context,
+    e2e,
+    executions,
+    idle,
+    latency,
+    mcp,
+    memory,
+    providers,
+    raw,
+    recovery,
+    scale,
+    sdk,
+    tools,
+    workspaces,
+)
 from bench.table import Row
 
 
@@ -28,14 +45,20 @@ class Phase(Protocol):
 PHASES: dict[str, Phase] = {
     "raw": raw,
     "e2e": e2e,
+    "sdk": sdk,
+    "console": console,
     "latency": latency,
     "idle": idle,
+    "scale": scale,
+    "capacity": capacity,
     "providers": providers,
     "tools": tools,
     "mcp": mcp,
     "recovery": recovery,
     "context": context,
     "memory": memory,
+    "workspaces": workspaces,
+    "executions": executions,
 }
 # The order they run in: the raw baseline before any engine process starts;
 # idle last whatever is asked, since it leaves 1,000 endless turns on its worker.
@@ -44,15 +67,21 @@ RUN_ORDER = (
     "context",
     "latency",
     "e2e",
+    "sdk",
+    "console",
     "providers",
     "tools",
     "mcp",
     "recovery",
     "memory",
+    "workspaces",
+    "executions",
+    "scale",
+    "capacity",
     "idle",
 )
-# Every phase but raw and context (in process) needs the gateway.
-ENGINE_PHASES = frozenset(PHASES) - {"raw", "context"}
+# Every phase but raw, context and workspaces (in process) needs the gateway.
+ENGINE_PHASES = frozenset(PHASES) - {"raw", "context", "workspaces"}
 
 
 def summary(name: str) -> str:

@@ -14,7 +14,9 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from holdfast_shared.db.models import Message
+from holdfast_shared.branches import ON_CURRENT_BRANCH
+from holdfast_shared.db.models import Message, Turn
+from holdfast_shared.turnqueue import PENDING
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +48,18 @@ def user_content(text: str, media: list[dict[str, Any]] | None = None) -> dict[s
 async def load_history(
     session: AsyncSession, task_id: str, *, cutoff: tuple[str, int] | None = None
 ) -> list[ChatMessage]:
-    """Every message of the task, oldest first.
+    """Every message of the task on its current branch, oldest first (messages
+    an edit, retry or rollback took off the branch are left out: ``branches``).
 
     ``cutoff=(turn_id, position)`` leaves out that turn's messages from
     ``position`` on: what a step cut off by a crash had stored already.
     """
     query = select(
         Message.id, Message.role, Message.content, Message.turn_id, Message.position
-    ).where(Message.task_id == task_id)
+    ).where(Message.task_id == task_id, ON_CURRENT_BRANCH)
+    # A message still waiting for the task (on_busy, ``turnqueue``) is not part of it yet.
+    waiting = select(Turn.id).where(Turn.task_id == task_id, Turn.status.in_(PENDING))
+    query = query.where(Message.turn_id.not_in(waiting))
     if cutoff is not None:
         query = query.where(or_(Message.turn_id != cutoff[0], Message.position < cutoff[1]))
     rows = (await session.execute(query.order_by(Message.id))).all()

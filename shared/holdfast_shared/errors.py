@@ -16,6 +16,8 @@ class ErrorCode(StrEnum):
     INVALID_KEY = "INVALID_KEY"
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
     TURN_IN_PROGRESS = "TURN_IN_PROGRESS"
+    # /execute with on_busy: the task already has HOLDFAST_MAX_QUEUED_TURNS messages waiting.
+    TURN_QUEUE_FULL = "TURN_QUEUE_FULL"
     INVALID_REQUEST = "INVALID_REQUEST"
     NOT_FOUND = "NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
@@ -65,6 +67,20 @@ class ErrorCode(StrEnum):
     ASSET_NOT_OAUTH2 = "ASSET_NOT_OAUTH2"
     # An OAuth authorization that cannot complete (unknown or expired state, a refused code).
     ASSET_AUTHORIZATION_FAILED = "ASSET_AUTHORIZATION_FAILED"
+    # Stream tokens (?token= of GET /execute/replay): malformed or not signed by
+    # this deployment (401), past their expiry (401), or for another task (403).
+    STREAM_TOKEN_INVALID = "STREAM_TOKEN_INVALID"
+    STREAM_TOKEN_EXPIRED = "STREAM_TOKEN_EXPIRED"
+    STREAM_TOKEN_WRONG_TASK = "STREAM_TOKEN_WRONG_TASK"
+    # Executions (/v1/execution): none of that id for the tenant (also another tenant's).
+    EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"
+    # Pause of an execution that is not running; resume of one that is not paused.
+    EXECUTION_NOT_RUNNING = "EXECUTION_NOT_RUNNING"
+    EXECUTION_NOT_PAUSED = "EXECUTION_NOT_PAUSED"
+    # Resume from a checkpoint the execution does not have.
+    CHECKPOINT_NOT_FOUND = "CHECKPOINT_NOT_FOUND"
+    # The execution's active time ran past its config.max_duration_seconds.
+    EXECUTION_MAX_DURATION = "EXECUTION_MAX_DURATION"
 
 
 class HoldfastError(Exception):

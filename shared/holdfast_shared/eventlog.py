@@ -30,15 +30,20 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.sql.dml import UpdateBase
 
 from holdfast_shared.background import every
 from holdfast_shared.db.models import EventRecord
 from holdfast_shared.errors import Superseded
 from holdfast_shared.events import _Event, body_json, turn_of
 from holdfast_shared.keys import Keys
+from holdfast_shared.observability import metrics
+from holdfast_shared.redisconn import ClusterClient
+from holdfast_shared.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +190,25 @@ class EventLog:
         keys: Keys,
         *,
         hot_ttl_seconds: int,
+        wait_replicas: int | None = None,
+        wait_timeout_ms: int = 1000,
     ) -> None:
+        """``wait_replicas`` (default: ``HOLDFAST_REDIS_WAIT_REPLICAS`` and its timeout)
+        makes each append wait until that many replicas have it."""
         self.redis = redis
         self.sessions = sessions
         self.keys = keys
         self.hot_ttl_ms = hot_ttl_seconds * 1000
         self._append = redis.register_script(_APPEND)
+        self._cluster = redis if isinstance(redis, ClusterClient) else None
+        if wait_replicas is None:
+            settings = get_settings()
+            wait_replicas, wait_timeout_ms = (
+                settings.redis_wait_replicas,
+                settings.redis_wait_timeout_ms,
+            )
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self._mark_archived = redis.register_script(_MARK_ARCHIVED)
         self._claim_and_read = redis.register_script(_CLAIM_AND_READ)
         self._mark_and_release = redis.register_script(_MARK_AND_RELEASE)
@@ -262,6 +280,7 @@ class EventLog:
             if result[0] == -2:
                 raise Superseded(f"turn {turn_id} of task {task_id} was taken over")
             if result[0] != -1:
+                metrics.events_appended(bodies)
                 return Appended(int(result[0]), tuple(int(ts) for ts in result[1:]))
             seq, ts = await self._pg_floor(task_id)
             floor = (str(seq), str(ts))
@@ -276,13 +295,56 @@ class EventLog:
         flat: list[str],
     ) -> list[int]:
         args = [name, turn_id or "", *head, *flat]
+        if self._cluster is not None:
+            return await self._call_append_cluster(self._cluster, keys, task_id, args)
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._append(keys=keys, args=args, client=pipe)
             # Bumped after the append, so the archiver never clears a mark
             # for an entry it has not seen (see Archiver.archive_task).
             pipe.zincrby(self.keys.archive_dirty, 1, task_id)
-            result, _ = await pipe.execute()
+            if self.wait_replicas:
+                # Same connection as the append: WAIT counts the replicas that have it.
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            result, *rest = await pipe.execute()
+        self._check_replicas(result, rest)
         return list(result)
+
+    async def _call_append_cluster(
+        self, cluster: ClusterClient, keys: list[str], task_id: str, args: list[str]
+    ) -> list[int]:
+        # The dirty set lives in another slot (maybe on another node), where one
+        # pipeline would not keep the order that the archiver relies on: the
+        # append first, then the mark, one after the other.
+        if self.wait_replicas:
+
+            def build(pipe: Any) -> None:
+                pipe.evalsha(self._append.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+
+            try:
+                result, *rest = await cluster.on_master(keys[0], build)
+            except NoScriptError:
+                await cluster.script_load(_APPEND)
+                result, *rest = await cluster.on_master(keys[0], build)
+            self._check_replicas(result, rest)
+        else:
+            result = await self._append(keys=keys, args=args)
+        await self.redis.zincrby(self.keys.archive_dirty, 1, task_id)
+        return list(result)
+
+    def _check_replicas(self, result: list[int], rest: list[Any]) -> None:
+        if not self.wait_replicas or result[0] < 0:
+            return
+        acked = int(rest[-1])
+        if acked < self.wait_replicas:
+            # Appended and kept by the master; a failover before a replica has it
+            # loses it. min-replicas-to-write is what refuses such a write outright.
+            log.warning(
+                "an append reached %d of %d replicas within %d ms",
+                acked,
+                self.wait_replicas,
+                self.wait_timeout_ms,
+            )
 
     async def _pg_floor(self, task_id: str) -> tuple[int, int]:
         async with self.sessions() as session:
@@ -394,7 +456,7 @@ class EventLog:
         dirty_score: float,
         *,
         wait: bool = False,
-        also: Callable[[AsyncSession], Awaitable[None]] | None = None,
+        also: Also | None = None,
     ) -> int:
         """Copy the task's unarchived events to PostgreSQL; returns how many.
 
@@ -403,7 +465,9 @@ class EventLog:
         that needs the events archived now waits for the other to finish,
         then copies whatever is left). ``also`` runs in the transaction that
         writes the last events, so it commits with them, or alone if there are
-        none; it runs even when the claim could not be had.
+        none; it runs even when the claim could not be had. ``also`` may be
+        :class:`Writes` instead of a callback: its statements and the last events
+        then go as one SQL statement (see there).
         """
         keys = [self.keys.archiving(task_id), self.keys.archived(task_id)]
         events_key = self.keys.events(task_id)
@@ -415,8 +479,7 @@ class EventLog:
         ):
             if asyncio.get_running_loop().time() >= deadline:
                 if also is not None:
-                    async with self.sessions.begin() as session:
-                        await also(session)
+                    await self._write([], also)
                 return 0
             await asyncio.sleep(0.005)
         watermark, entries = int(first[0]), _entries(first[1])
@@ -439,7 +502,7 @@ class EventLog:
         task_id: str,
         watermark: int,
         entries: list[tuple[str, dict[str, str]]],
-        also: Callable[[AsyncSession], Awaitable[None]] | None,
+        also: Also | None,
     ) -> tuple[int, int]:
         """Copy ``entries`` and the rest after them, a batch per transaction; returns
         (how many, the new watermark). Holds the task's claim."""
@@ -459,12 +522,7 @@ class EventLog:
                 for eid, f in entries
             ]
             if rows or (last and also is not None):
-                async with self.sessions.begin() as session:
-                    if rows:
-                        # executemany form: one cached statement, batched by the driver.
-                        await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows)
-                    if last and also is not None:
-                        await also(session)
+                await self._write(rows, also if last else None)
             if rows:
                 watermark = _seq_of(entries[-1][0])
                 copied += len(rows)
@@ -477,11 +535,25 @@ class EventLog:
                 events_key, min=f"{watermark + 1}-0", max="+", count=_ARCHIVE_BATCH
             )
 
-    async def archive_now(
-        self, task_id: str, also: Callable[[AsyncSession], Awaitable[None]] | None = None
-    ) -> int:
+    async def _write(self, rows: list[dict[str, Any]], also: Also | None) -> None:
+        """Events ``rows`` and what ``also`` writes, atomically."""
+        if isinstance(also, Writes):
+            first = [insert(EventRecord).values(rows).on_conflict_do_nothing()] if rows else []
+            statements = [*first, *also.statements]
+            if statements:
+                await execute_at_once(self.sessions.kw["bind"], one_statement(statements))
+            return
+        async with self.sessions.begin() as session:
+            if rows:
+                # executemany form: one cached statement, batched by the driver.
+                await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows)
+            if also is not None:
+                await also(session)
+
+    async def archive_now(self, task_id: str, also: Also | None = None) -> int:
         """Archive the task's events right away (at a turn's snapshot boundary), and run
-        ``also`` in the same transaction as the last of them (one COMMIT for both).
+        ``also`` in the same transaction as the last of them (one COMMIT for both), or
+        with :class:`Writes` in the same statement.
 
         Leaves the dirty mark for the regular archiver, which may have seen
         newer events.
@@ -496,6 +568,40 @@ class EventLog:
         for task_id, score in dirty:
             copied += await self.archive_task(task_id, score)
         return copied
+
+
+@dataclass(frozen=True, slots=True)
+class Writes:
+    """Statements to commit with a task's last unarchived events, sent with them as ONE
+    SQL statement: each but the last becomes a data-modifying CTE of the last
+    (``WITH w0 AS (INSERT ... events), w1 AS (INSERT ... message) INSERT ... snapshot``).
+    A statement is atomic on its own, so it needs no transaction either: one round
+    trip to PostgreSQL where a transaction of several statements takes one per
+    statement plus BEGIN and COMMIT — what a turn pays at every iteration boundary.
+
+    The statements must not touch the same row twice (PostgreSQL's rule for one
+    statement), and see the database as it was before any of them.
+    """
+
+    statements: tuple[UpdateBase, ...]
+
+
+Also = Callable[[AsyncSession], Awaitable[None]] | Writes
+
+
+def one_statement(statements: Sequence[UpdateBase]) -> UpdateBase:
+    """``statements`` as one: each but the last a data-modifying CTE of the last."""
+    *first, last = statements
+    if not first:
+        return last
+    return last.add_cte(*(s.cte(f"hf_write_{i}") for i, s in enumerate(first)))
+
+
+async def execute_at_once(engine: AsyncEngine, statement: UpdateBase) -> None:
+    """One statement, atomic on its own: no BEGIN and COMMIT round trips."""
+    async with engine.connect() as connection:
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        await connection.execute(statement)
 
 
 def _entries(raw: list[Any]) -> list[tuple[str, dict[str, str]]]:

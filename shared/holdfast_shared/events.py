@@ -42,9 +42,23 @@ class _Event(BaseModel):
 
 
 class ThreadLifecycle(_Event):
+    """A turn starts or ends.
+
+    A ``started`` whose turn forked the conversation (``POST /execute`` with
+    ``edit_message_id`` or ``retry_message_id``) names the fork:
+    ``fork_id``, ``fork_reason`` (``edit`` | ``retry``) and
+    ``fork_from_turn_id``, the first turn that left the conversation — it
+    and every later turn before this one are no longer part of it (their
+    events stay in the log; ``GET /tasks/{task_id}/messages?branch=all``
+    shows their messages).
+    """
+
     type: Literal["thread_lifecycle"] = "thread_lifecycle"
     phase: Literal["started", "completed", "errored"]
     stop_reason: str | None = None
+    fork_id: str | None = None
+    fork_reason: str | None = None
+    fork_from_turn_id: str | None = None
 
 
 class ErrorEvent(_Event):
@@ -147,6 +161,23 @@ class TurnResumed(_Event):
     discard_to_seq: int | None = None
 
 
+class UserMessage(_Event):
+    """A user's message that joined the task while a turn ran (``on_busy: "steer"``).
+
+    ``applied`` is ``current_turn`` when the running turn took it in at an
+    iteration boundary (the model's next call sees it), ``next_turn`` when
+    that turn ended first and the message started a turn of its own (logged
+    right after that turn's ``started``). ``message_id`` is the id the
+    ``POST /execute`` that sent it answered in ``X-Turn-Id``.
+    """
+
+    type: Literal["user_message"] = "user_message"
+    text: str
+    message_id: str
+    steer: bool = True
+    applied: Literal["current_turn", "next_turn"] = "current_turn"
+
+
 class Heartbeat(_Event):
     type: Literal["heartbeat"] = "heartbeat"
 
@@ -159,6 +190,8 @@ class Usage(_Event):
     cache_read_input_tokens: int = 0
     reasoning_tokens: int = 0
     model: str | None = None
+    # The turn's active time so far (pauses and waits for a human excluded).
+    active_seconds: float = 0.0
 
 
 Event = Annotated[
@@ -175,6 +208,7 @@ Event = Annotated[
     | WorkingMemoryUpdate
     | CompactionEvent
     | TurnResumed
+    | UserMessage
     | Heartbeat
     | Usage,
     Field(discriminator="type"),

@@ -53,6 +53,9 @@ class TurnJob(_Entry):
     # hand-back on shutdown, an answered question or a lost Redis): the
     # worker picks it up from its last snapshot.
     resume: bool = False
+    # W3C trace context of the request that queued the turn (observability/tracing.py);
+    # None when tracing is off, and in jobs queued before the field existed.
+    traceparent: str | None = None
 
     @classmethod
     def resuming(cls, tenant_id: str, task_id: str, turn_id: str) -> TurnJob:
@@ -86,6 +89,8 @@ class ToolCallJob(_Entry):
     # calls it; no credential ever travels on a stream.
     server: str | None = None
     server_tool: str | None = None
+    # W3C trace context of the turn that asked for the call: the runner's span is its child.
+    traceparent: str | None = None
 
 
 class AssetProbe(_Entry):
@@ -124,6 +129,34 @@ class WorkspaceRemoval(_Entry):
 
     tenant_id: str
     task_id: str
+
+
+class WorkspaceRequest(_Entry):
+    """Archive the task's workspace now (``checkpoint``), or replace it with the
+    archive ``archive_id`` (``restore``; None: an empty workspace). Sent on
+    ``Keys.tools`` by ``workspace_archive.requests``; the runner answers on the
+    Redis list ``reply_to`` with a :class:`WorkspaceReply`. ``request_id`` makes a
+    redelivered request harmless: it is answered from the first one's result.
+    """
+
+    FIELD: ClassVar[str] = "workspace_request"
+
+    request_id: str
+    tenant_id: str
+    task_id: str
+    action: Literal["checkpoint", "restore"]
+    archive_id: str | None = None
+    reply_to: str
+
+
+class WorkspaceReply(BaseModel):
+    """A tool-runner's answer to a :class:`WorkspaceRequest`: the archive made (or
+    restored; None when the task has no workspace yet), or why it failed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    archive_id: str | None = None
+    error: str | None = None
 
 
 class ToolOutcome(BaseModel):

@@ -84,6 +84,12 @@ class Keys:
         sandbox probe as JSON."""
         return f"{self.prefix}runner:{runner_id}:alive"
 
+    def tenant_requests(self, tenant_id: str) -> str:
+        """Sorted set: the tenant's requests of the last minute, scored by when (ms), for
+        ``HOLDFAST_TENANT_RATE_PER_MINUTE`` (``holdfast_gateway.limits``); one key per
+        tenant, so it hashes to one slot on its own."""
+        return f"{self.prefix}tenant:{{{tenant_id}}}:requests"
+
     def learner_alive(self, learner_id: str) -> str:
         """Present while the learning process ``learner_id`` consumes trajectories
         (refreshed, short TTL)."""
@@ -93,6 +99,16 @@ class Keys:
         """List a tool-runner pushes its answer to an ``AssetProbe`` onto (the gateway
         waits on it with ``BLPOP``); short-lived."""
         return f"{self.prefix}assets:probe:{request_id}"
+
+    def workspace_reply(self, request_id: str) -> str:
+        """List a tool-runner pushes its answer to a ``WorkspaceRequest`` onto (the
+        requester waits on it with ``BLPOP``); short-lived."""
+        return f"{self.prefix}workspace:reply:{request_id}"
+
+    def workspace_done(self, request_id: str) -> str:
+        """The answer to a finished ``WorkspaceRequest``, kept a while so a redelivered
+        request is answered again instead of being carried out twice."""
+        return f"{self.prefix}workspace:done:{request_id}"
 
     def gateway_wake(self, gateway_id: str) -> str:
         """Stream a gateway's tailer also blocks on, so a new subscriber can wake it."""
@@ -128,6 +144,17 @@ class Keys:
         """Id of the task's running turn; its presence is the one-turn-per-task lock."""
         return f"{self.prefix}task:{{{task_id}}}:turn"
 
+    @property
+    def pauses(self) -> str:
+        """Pub/sub channel: ``<task_id> <turn_id>`` of a turn asked to pause; the
+        worker running it cuts a model call short instead of waiting for its end."""
+        return f"{self.prefix}pauses"
+
+    def pause(self, task_id: str) -> str:
+        """Id of the task's turn asked to pause (``POST /v1/execution/{id}/pause``):
+        the loop-worker parks it at its next step boundary."""
+        return f"{self.prefix}task:{{{task_id}}}:pause"
+
     def working_memory(self, task_id: str) -> str:
         """Hash: the task's working memory (the agent's scratchpad), key → value;
         expires ``HOLDFAST_WORKING_MEMORY_TTL`` after its last change (PostgreSQL
@@ -144,4 +171,5 @@ class Keys:
             self.turn_epoch(task_id),
             self.running_turn(task_id),
             self.working_memory(task_id),
+            self.pause(task_id),
         )

@@ -14,21 +14,34 @@ from typing import Any
 from redis.asyncio import Redis
 
 from holdfast_shared.keys import Keys
+from holdfast_shared.redisconn import is_cluster
 
 ALIVE_TTL_SECONDS = 6
 
 
-async def announce(redis: Redis, keys: Keys, runner_id: str, sandbox: dict[str, Any]) -> None:
-    """Say (again) that ``runner_id`` lives, with what its sandbox can do."""
-    expires = int((time.time() + ALIVE_TTL_SECONDS) * 1000)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(keys.runner_alive(runner_id), json.dumps(sandbox), ex=ALIVE_TTL_SECONDS)
+async def announce(
+    redis: Redis,
+    keys: Keys,
+    runner_id: str,
+    sandbox: dict[str, Any],
+    *,
+    ttl_seconds: float = ALIVE_TTL_SECONDS,
+) -> None:
+    """Say (again) that ``runner_id`` lives, with what its sandbox can do.
+
+    ``ttl_seconds`` (``HOLDFAST_LIVENESS_SECONDS`` in a runner) is also how soon its
+    calls in flight are taken over and reported interrupted once it stops (``orphans``)."""
+    expires = int((time.time() + ttl_seconds) * 1000)
+    # Two slots in a Redis Cluster, where a MULTI cannot span them; neither order
+    # matters to readers (live_runners skips an id whose key is missing).
+    async with redis.pipeline(transaction=not is_cluster(redis)) as pipe:
+        pipe.set(keys.runner_alive(runner_id), json.dumps(sandbox), px=int(ttl_seconds * 1000))
         pipe.zadd(keys.runners, {runner_id: expires})
         await pipe.execute()
 
 
 async def withdraw(redis: Redis, keys: Keys, runner_id: str) -> None:
-    async with redis.pipeline(transaction=True) as pipe:
+    async with redis.pipeline(transaction=not is_cluster(redis)) as pipe:
         pipe.delete(keys.runner_alive(runner_id))
         pipe.zrem(keys.runners, runner_id)
         await pipe.execute()

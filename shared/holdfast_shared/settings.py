@@ -24,6 +24,13 @@ class Settings(BaseSettings):
     # Every Redis key starts with this, so test runs (and several engines on
     # one Redis) never see each other's keys.
     redis_prefix: str = "holdfast:"
+    # HOLDFAST_REDIS_URL names any node of a Redis Cluster (holdfast_shared.redisconn;
+    # docs/reliability.md, "Redis Cluster").
+    redis_cluster: bool = False
+    # After each append the client is told about, WAIT for this many replicas to
+    # have it (0: no WAIT), up to redis_wait_timeout_ms.
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
+    redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".holdfast")
 
     host: str = "127.0.0.1"
@@ -36,6 +43,15 @@ class Settings(BaseSettings):
     # that it gets 429 with Retry-After instead of a key lookup.
     auth_failures_allowed: int = Field(default=30, ge=1)
     auth_failure_window_seconds: float = Field(default=60.0, gt=0)
+    # A gateway trusts a key it checked for this long: a revoked key (`holdfast
+    # keys revoke`) stops working within it, and so do its stream tokens.
+    auth_cache_ttl_seconds: float = Field(default=30.0, gt=0, le=3600)
+    # Stream tokens (POST /auth/stream-token → GET /execute/replay?token=): how
+    # long one lasts, and the HMAC secret that signs it. Unset, the secret is
+    # derived from the first HOLDFAST_ASSET_ENCRYPTION_KEY, which every gateway
+    # of a deployment already shares (holdfast_gateway.streamtokens).
+    stream_token_ttl_seconds: int = Field(default=300, ge=10, le=86_400)
+    stream_token_secret: SecretStr | None = Field(default=None, min_length=32)
     # Interactive API docs at /docs, its assets served from the gateway's own
     # package (no CDN); off: /docs is a 404 and only /openapi.json remains.
     docs_enabled: bool = True
@@ -49,11 +65,29 @@ class Settings(BaseSettings):
     # preferred model (holdfast_shared.agents); a request's "model" still wins.
     agent_models: dict[str, str] = {}
     max_iterations: int = 25
+    # Messages a task keeps waiting for its running turn (on_busy enqueue,
+    # interrupt, steer on /execute); one more is refused with TURN_QUEUE_FULL.
+    max_queued_turns: int = Field(default=8, ge=1, le=1000)
     turn_deadline_seconds: int = 3600
     lease_seconds: int = 10
     # On SIGTERM a loop-worker lets running turns finish this long, then hands
     # the rest to other workers.
     drain_seconds: float = 30.0
+    # Each loop-worker and tool-runner refreshes a liveness key of this TTL four times
+    # per TTL; once a killed one's key lapses, the others take its turns and tool calls
+    # over (holdfast_shared.orphans) instead of waiting for its lease to run out.
+    liveness_seconds: float = Field(default=2.0, ge=0.5, le=60)
+    # Per-tenant limits (holdfast_gateway.limits), each off at 0: authenticated requests
+    # in any minute; turns running or queued for a worker; messages waiting behind their
+    # task's running turn (on_busy). Over one: 429 RATE_LIMITED, nothing written.
+    tenant_rate_per_minute: int = Field(default=0, ge=0)
+    tenant_max_running_turns: int = Field(default=0, ge=0)
+    tenant_max_queued_turns: int = Field(default=0, ge=0)
+    # A slow SSE reader: past this many events (or bytes of them) waiting in the
+    # gateway for its connection, the connection is closed; the client resumes from
+    # its cursor (Last-Event-ID) and others are unaffected (holdfast_gateway.slowreader).
+    sse_max_buffered_events: int = Field(default=10_000, ge=1)
+    sse_max_buffered_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
 
     # The operator's tool permissions: {"<agent or *>": {"<tool>": "allow"|"ask"|"deny"}},
     # over the agent's own (holdfast_shared.agents), the agent's entry over "*".
@@ -78,6 +112,15 @@ class Settings(BaseSettings):
     # directory: no cap). GET /health says which is in force.
     workspace_max_bytes: int = Field(default=1024**3, ge=4 * 1024**2)
     workspace_fs: Literal["auto", "loop-ext4", "tmpfs", "none"] = "auto"
+    # Where workspaces are archived (shared workspace_archive/): "postgres" (the
+    # database) or "file:///path" (a directory every tool-runner reaches).
+    workspace_store: str = Field(default="postgres", pattern=r"^(postgres|file:///.+)$")
+    # A task whose workspace saw no tool call for this long is archived and its
+    # local copy released (hibernated); the next call restores it. 0: never.
+    workspace_hibernate_after_seconds: float = Field(default=600.0, ge=0)
+    # Archive the workspace (incrementally) when each turn ends, so a lost disk
+    # loses at most the files of the turn in flight.
+    workspace_archive_on_turn_end: bool = True
 
     # The context engine (loop-worker context/). The model's context window in
     # tokens; unset: the known window of the turn's model (context/windows.py).
@@ -150,6 +193,13 @@ class Settings(BaseSettings):
     # The archiver copies events from Redis to PostgreSQL at this pace.
     archive_interval_seconds: float = 0.2
     log_level: str = "INFO"
+    # "json": one JSON object per line, with task_id/turn_id inside a turn (logs.py).
+    log_format: Literal["text", "json"] = "text"
+    # Where a loop-worker, tool-runner or learning process serves Prometheus
+    # /metrics (on HOLDFAST_HOST); 0 or unset: it serves none. The gateway serves
+    # /metrics on its own port. `holdfast up` gives each child its own port from
+    # this base (unset: HOLDFAST_PORT + 1; 0: none). See docs/operations.md.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
     @field_validator("redis_prefix")
     @classmethod

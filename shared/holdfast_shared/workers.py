@@ -2,7 +2,9 @@
 
 Each loop-worker keeps ``Keys.worker_alive(id)`` (short TTL, the providers it
 serves as JSON) while it lives, and deletes it when it stops cleanly; a
-killed worker's key lapses within ``ALIVE_TTL_SECONDS``. The same step
+killed worker's key lapses within its TTL (``HOLDFAST_LIVENESS_SECONDS`` in a
+worker, refreshed by a heartbeat thread), and the others take its turns over
+(``orphans``). The same step
 advertises its providers (``availability``) first, so a worker whose key
 exists is one the gateway already routes turns to. Readers: whoever must know
 that a given worker is up, such as ``holdfast.testing``'s readiness rule.
@@ -28,11 +30,15 @@ async def announce(
     providers: Collection[str],
     *,
     default_model: str | None = None,
+    ttl_seconds: float = ALIVE_TTL_SECONDS,
 ) -> None:
-    """Say (again) that ``worker_id`` lives and serves ``providers``."""
+    """Say (again) that ``worker_id`` lives and serves ``providers``.
+
+    ``ttl_seconds`` (``HOLDFAST_LIVENESS_SECONDS`` in a worker) is also how soon the
+    other workers take its turns over once it stops saying so (``orphans``)."""
     await advertise(redis, keys, providers, default_model=default_model)
     report = json.dumps({"providers": sorted(providers)})
-    await redis.set(keys.worker_alive(worker_id), report, ex=ALIVE_TTL_SECONDS)
+    await redis.set(keys.worker_alive(worker_id), report, px=int(ttl_seconds * 1000))
 
 
 async def withdraw(redis: Redis, keys: Keys, worker_id: str) -> None:

@@ -18,6 +18,9 @@ from rich.console import Console
 from holdfast.supervision import follow_supervisor
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from holdfast_shared.apikeys import KeyInfo
     from holdfast_shared.settings import Settings
 
 console = Console(stderr=True)
@@ -94,6 +97,33 @@ def learning() -> None:
 
 
 @app.command()
+def chat(
+    task: Annotated[
+        str | None, typer.Option("--task", help="Continue this task (default: a new one).")
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="The agent to talk to (default: general).")
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url", envvar="HOLDFAST_URL", help="The gateway (default: http://127.0.0.1:8000)."
+        ),
+    ] = None,
+) -> None:
+    """Chat with an agent in the terminal: streamed text, tool calls, permission prompts.
+
+    The API key comes from HOLDFAST_API_KEY, else the one `holdfast up` saved
+    in HOLDFAST_DATA_DIR (default ~/.holdfast/api-key). A dropped connection
+    is resumed by itself; Ctrl-C cancels the running turn, Ctrl-D quits.
+    """
+    from holdfast.chat import run_chat
+
+    out = Console()
+    raise typer.Exit(run_chat(url=url, key=None, task_id=task, agent=agent, console=out))
+
+
+@app.command()
 def migrate() -> None:
     """Bring the database schema up to date (idempotent), then register HOLDFAST_API_KEY if set.
 
@@ -120,7 +150,9 @@ def keys_create(
     tenant: Annotated[str, typer.Option(help="Tenant the key belongs to (created if new).")] = (
         "default"
     ),
-    name: Annotated[str, typer.Option(help="A label to recognise the key by.")] = "cli",
+    name: Annotated[
+        str, typer.Option("--label", "--name", help="A label to recognise the key by.")
+    ] = "cli",
 ) -> None:
     """Create an API key and print it once; only its hash is stored.
 
@@ -138,6 +170,74 @@ def keys_create(
     )
     # The key itself goes to stdout alone, so `KEY=$(holdfast keys create)` works.
     print(key)
+
+
+@keys_app.command("list")
+def keys_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
+) -> None:
+    """List API keys: id, tenant, label, created, last used and revoked (never the key).
+
+    Last use is recorded at most once a minute per key. Uses
+    HOLDFAST_DATABASE_URL, or the embedded PostgreSQL of a running `holdfast up`.
+    """
+    from rich.table import Table
+
+    settings = _settings()
+    keys = asyncio.run(_list_keys(_database_url(settings), tenant))
+    table = Table("id", "tenant", "label", "created", "last used", "revoked")
+
+    def when(value: datetime | None) -> str:
+        return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+    for key in keys:
+        table.add_row(
+            str(key.id),
+            key.tenant,
+            key.label,
+            when(key.created_at),
+            when(key.last_used_at),
+            when(key.revoked_at),
+        )
+    # The table goes to stdout (the command's output); messages go to stderr.
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[int, typer.Argument(metavar="ID", help="The key's id (`keys list`).")],
+) -> None:
+    """Revoke an API key. Gateways refuse it within their auth cache's TTL
+    (HOLDFAST_AUTH_CACHE_TTL_SECONDS, 30 s by default), and its stream tokens with it."""
+    settings = _settings()
+    revoked = asyncio.run(_revoke_key(_database_url(settings), key_id))
+    if revoked is None:
+        _fail(f"no API key has id {key_id}", code=1)
+    console.print(f"API key {key_id} is revoked (since {revoked.isoformat(timespec='seconds')}).")
+
+
+async def _list_keys(database_url: str, tenant: str | None) -> list[KeyInfo]:
+    from holdfast_shared.apikeys import list_keys
+    from holdfast_shared.db import create_engine, session_factory
+
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        async with session_factory(engine)() as session:
+            return await list_keys(session, tenant=tenant)
+    finally:
+        await engine.dispose()
+
+
+async def _revoke_key(database_url: str, key_id: int) -> datetime | None:
+    from holdfast_shared.apikeys import revoke_key
+    from holdfast_shared.db import create_engine, session_factory
+
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        async with session_factory(engine)() as session, session.begin():
+            return await revoke_key(session, key_id)
+    finally:
+        await engine.dispose()
 
 
 async def _add_key(database_url: str, tenant: str, key: str, name: str) -> None:

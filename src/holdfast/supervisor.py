@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from holdfast_shared.assets import Vault
 from holdfast_shared.db import create_engine, session_factory, upgrade_head
+from holdfast_shared.observability.process import metrics_ports
 from holdfast_shared.settings import Settings
 from holdfast_shared.tenancy import DEFAULT_TENANT, add_key, generate_key, has_any_key
 from rich.console import Console
@@ -95,6 +96,9 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
                 for n in range(1, workers + 1)
             ),
         ]
+        ports = metrics_ports(settings, [c.name for c in children if c.service != "gateway"])
+        for child in children:
+            child.metrics_port = ports.get(child.name)
         if new_key is not None:
             _announce_key(console, new_key, data_dir / KEY_FILE)
         console.print(
@@ -147,6 +151,8 @@ class _Child:
     name: str
     service: str
     style: str
+    # Where it serves Prometheus /metrics (the gateway: on its own port).
+    metrics_port: int | None = None
 
     async def keep_running(
         self, env: dict[str, str], stop: asyncio.Event, console: Console
@@ -170,7 +176,9 @@ class _Child:
     async def _run_once(self, env: dict[str, str], stop: asyncio.Event, console: Console) -> int:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "holdfast", self.service,
-            env=env,
+            env=env if self.metrics_port is None else {
+                **env, "HOLDFAST_METRICS_PORT": str(self.metrics_port)
+            },
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -318,10 +326,12 @@ def _banner(
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("gateway", f"http://{settings.host}:{settings.port}")
+    grid.add_row("console", f"http://{settings.host}:{settings.port}/console")
     grid.add_row("API key", key_where)
     grid.add_row("Redis", f"{redis[0]}  {_hide_password(redis[1])}")
     grid.add_row("PostgreSQL", f"{postgres[0]}  {_hide_password(postgres[1])}")
     grid.add_row("data", str(data_dir))
+    grid.add_row("metrics", _metrics_where(settings, children))
     grid.add_row(
         "services",
         f"gateway, {workers} loop-worker{'s' if workers > 1 else ''}, tool-runner, learning",
@@ -329,6 +339,16 @@ def _banner(
     return Panel(
         grid, title="Holdfast is up", subtitle="Ctrl-C to stop", border_style="green", expand=False
     )
+
+
+def _metrics_where(settings: Settings, children: list[_Child]) -> str:
+    lines = [f"http://{settings.host}:{settings.port}/metrics (gateway)"]
+    lines += [
+        f"http://{settings.host}:{child.metrics_port}/metrics ({child.name})"
+        for child in children
+        if child.metrics_port is not None
+    ]
+    return "\n".join(lines)
 
 
 def _hide_password(url: str) -> str:

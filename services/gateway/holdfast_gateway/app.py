@@ -13,7 +13,7 @@ from holdfast_shared.eventlog import EventLog
 from holdfast_shared.keys import Keys
 from holdfast_shared.memory import embedders
 from holdfast_shared.memory.index import open_index
-from holdfast_shared.redisconn import connect
+from holdfast_shared.redisconn import connect, is_cluster
 from holdfast_shared.settings import Settings
 from holdfast_shared.turnlock import TurnLock
 
@@ -22,20 +22,26 @@ from holdfast_gateway.auth import KeyAuthenticator
 from holdfast_gateway.bodylimit import BodyLimit
 from holdfast_gateway.deps import JsonBody
 from holdfast_gateway.fanout import Hub
+from holdfast_gateway.fanout_cluster import ClusterHub
 from holdfast_gateway.routes import (
     agents,
     assets,
+    auth,
     cancel,
+    console,
     execute,
+    executions,
     health,
     hitl,
     learning,
     memory,
+    metrics,
     replay,
     skills,
     tasks,
 )
 from holdfast_gateway.state import GatewayState
+from holdfast_gateway.streamtokens import StreamTokens, secret_from_settings
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -52,7 +58,14 @@ def create_app(settings: Settings) -> FastAPI:
         eventlog = EventLog(
             redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active
         )
-        hub = Hub(redis, keys, eventlog)
+        # A Redis Cluster cannot XREAD streams of several slots at once (fanout_cluster).
+        hub = (ClusterHub if is_cluster(redis) else Hub)(
+            redis,
+            keys,
+            eventlog,
+            max_buffered_events=settings.sse_max_buffered_events,
+            max_buffered_bytes=settings.sse_max_buffered_bytes,
+        )
         embedder = embedders.from_settings(settings)
         app.state.gateway = GatewayState(
             settings=settings,
@@ -67,9 +80,13 @@ def create_app(settings: Settings) -> FastAPI:
                 sessions,
                 failures_allowed=settings.auth_failures_allowed,
                 failure_window_seconds=settings.auth_failure_window_seconds,
+                ttl_seconds=settings.auth_cache_ttl_seconds,
             ),
             memory_index=await open_index(engine, embedder),
             vault=vault,
+            stream_tokens=StreamTokens(
+                secret_from_settings(settings), settings.stream_token_ttl_seconds
+            ),
         )
         try:
             async with Background() as background:
@@ -105,10 +122,14 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.include_router(hitl.router)
     app.include_router(tasks.router, responses=errors.responses(*errors.AUTHENTICATED, 404))
+    app.include_router(executions.router)
     app.include_router(agents.router)
     app.include_router(assets.router)
     app.include_router(skills.router)
     app.include_router(memory.router)
     app.include_router(learning.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)
+    app.include_router(auth.router)
+    app.include_router(console.router)
     return app

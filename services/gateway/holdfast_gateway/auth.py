@@ -2,9 +2,13 @@
 
 Known keys are kept in an LRU cache, which keeps the hot path (every
 ``/execute``) off PostgreSQL; a revoked key stops working within
-``_TTL`` seconds. Unknown keys are kept apart, briefly (a key created a
-moment ago soon works) and in a smaller LRU, so a flood of random keys can
-neither evict the known ones nor make each repeat a database look-up.
+``ttl_seconds`` (``HOLDFAST_AUTH_CACHE_TTL_SECONDS``, 30 s by default), and so
+do the stream tokens it was issued (:meth:`KeyAuthenticator.key_active`). A
+look-up also records the key's last use, at most once a minute
+(:func:`holdfast_shared.apikeys.identify_key`). Unknown keys are kept apart,
+briefly (a key created a moment ago soon works) and in a smaller LRU, so a
+flood of random keys can neither evict the known ones nor make each repeat a
+database look-up.
 
 Each client address may fail a number of key checks per window (a token
 bucket: ``failures_allowed`` tokens, refilled evenly over ``window_seconds``);
@@ -22,7 +26,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from holdfast_shared.tenancy import hash_key, tenant_for_key
+from holdfast_shared.apikeys import KeyIdentity, identify_key, key_is_active
+from holdfast_shared.tenancy import hash_key
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 _TTL = 30.0
@@ -104,12 +109,16 @@ class KeyAuthenticator:
         *,
         failures_allowed: int = 30,
         failure_window_seconds: float = 60.0,
+        ttl_seconds: float = _TTL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sessions = sessions
         self.clock = clock
+        self.ttl = ttl_seconds
         # Keyed by the key's hash: the plain keys are not kept in memory.
-        self._known: _Lru[tuple[str, float]] = _Lru(_MAX_KNOWN)
+        self._known: _Lru[tuple[KeyIdentity, float]] = _Lru(_MAX_KNOWN)
+        # Key id -> (still active, until when that holds), for stream tokens.
+        self._active: _Lru[tuple[bool, float]] = _Lru(_MAX_KNOWN)
         self._unknown: _Lru[float] = _Lru(_MAX_UNKNOWN)
         self.failures = FailureLimiter(failures_allowed, failure_window_seconds, clock)
 
@@ -119,6 +128,23 @@ class KeyAuthenticator:
         Raises :class:`RateLimited` when ``address`` failed too often and
         ``key`` is not a known one.
         """
+        identity = await self.identify(key, address)
+        return identity.tenant if identity is not None else None
+
+    async def key_active(self, key_id: int) -> bool:
+        """Whether the key ``key_id`` is still valid, as of at most ``ttl`` ago."""
+        now = self.clock()
+        cached = self._active.get(str(key_id))
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        async with self.sessions() as session:
+            active = await key_is_active(session, key_id)
+        self._active.put(str(key_id), (active, now + self.ttl))
+        return active
+
+    async def identify(self, key: str, address: str) -> KeyIdentity | None:
+        """The id and tenant of ``key``, or None if it is unknown or revoked;
+        raises :class:`RateLimited` as :meth:`tenant` does."""
         digest = hash_key(key)
         now = self.clock()
         known = self._known.get(digest)
@@ -134,14 +160,15 @@ class KeyAuthenticator:
             missed = self._unknown.get(digest)
             if missed is not None and missed > now:
                 return None
-        async with self.sessions() as session:
-            tenant = await tenant_for_key(session, key)
-        if tenant is None:
+        async with self.sessions() as session, session.begin():
+            identity = await identify_key(session, key)
+        if identity is None:
             self._known.pop(digest)
             self._unknown.put(digest, now + _MISS_TTL)
             return None
         if limited:
             self.failures.give_back(address)
         self._unknown.pop(digest)
-        self._known.put(digest, (tenant, now + _TTL))
-        return tenant
+        self._known.put(digest, (identity, now + self.ttl))
+        self._active.put(str(identity.key_id), (True, now + self.ttl))
+        return identity

@@ -9,11 +9,13 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 from holdfast_shared.agents import DEFAULT_AGENT, AgentDefinition, find_agent
+from holdfast_shared.apikeys import KeyIdentity
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.tasks import TaskRef, find_task
 
 from holdfast_gateway.auth import RateLimited
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.limits import check_rate
 from holdfast_gateway.state import GatewayState
 
 
@@ -35,16 +37,23 @@ engine_key = APIKeyHeader(
 )
 
 
-async def get_tenant(
+async def get_caller(
     request: Request,
     state: StateDep,
     x_engine_key: Annotated[str | None, Security(engine_key)] = None,
-) -> str:
+) -> KeyIdentity:
+    """The key of the request (``X-Engine-Key``) and its tenant; 401 without a valid one."""
     if not x_engine_key:
         raise ApiError(401, ErrorCode.INVALID_KEY, "missing X-Engine-Key header")
+    return await authenticate(request, state, x_engine_key)
+
+
+async def authenticate(request: Request, state: GatewayState, key: str) -> KeyIdentity:
+    """``key``'s id and tenant; 401 for an unknown or revoked key, 429 when
+    the client's address failed too many checks."""
     address = request.client.host if request.client else ""
     try:
-        tenant = await state.auth.tenant(x_engine_key, address)
+        identity = await state.auth.identify(key, address)
     except RateLimited as exc:
         raise ApiError(
             429,
@@ -52,9 +61,18 @@ async def get_tenant(
             f"too many failed API-key checks from this address; retry in {exc.retry_after} s",
             headers={"Retry-After": str(exc.retry_after)},
         ) from None
-    if tenant is None:
+    if identity is None:
         raise ApiError(401, ErrorCode.INVALID_KEY, "the X-Engine-Key is not a valid API key")
-    return tenant
+    return identity
+
+
+CallerDep = Annotated[KeyIdentity, Depends(get_caller)]
+
+
+async def get_tenant(caller: CallerDep, state: StateDep) -> str:
+    # Every authenticated request counts against its tenant's rate (429 over it).
+    await check_rate(state.redis, state.keys, state.settings, caller.tenant)
+    return caller.tenant
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]

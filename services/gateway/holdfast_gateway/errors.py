@@ -83,7 +83,12 @@ class ErrorBody(BaseModel):
 
 # What each status means, for the API description; the codes are ErrorCode values.
 _DESCRIPTIONS = {
-    401: "`INVALID_KEY`: the `X-Engine-Key` header is missing or not a valid API key",
+    401: (
+        "`INVALID_KEY`: the `X-Engine-Key` header is missing or not a valid API key; "
+        "`STREAM_TOKEN_INVALID` / `STREAM_TOKEN_EXPIRED`: a replay's `?token=` is "
+        "malformed or not signed by this deployment / has expired"
+    ),
+    403: "`STREAM_TOKEN_WRONG_TASK`: a replay's `?token=` was issued for another task",
     404: (
         "`TASK_NOT_FOUND` (also for another tenant's task), `HITL_NOT_FOUND`, "
         "`AGENT_NOT_FOUND` (also for another tenant's agent), "
@@ -94,6 +99,7 @@ _DESCRIPTIONS = {
     ),
     409: (
         "`TURN_IN_PROGRESS`, `HITL_REQUIRED`, `NO_RUNNING_TURN`, `HITL_ALREADY_ANSWERED`, "
+        "`TURN_QUEUE_FULL` (`on_busy`: `HOLDFAST_MAX_QUEUED_TURNS` messages already wait), "
         "`AGENT_EXISTS` (the name is taken), `AGENT_BUILTIN` (built-ins cannot change), "
         "`SKILL_EXISTS`, `SKILL_BUILTIN`, `ASSET_EXISTS` (the server's name is taken), "
         "`ASSET_NOT_OAUTH2` (connecting a server that does not use oauth2)"
@@ -116,7 +122,10 @@ _DESCRIPTIONS = {
         "`UNSUPPORTED_MEDIA` (the turn's model cannot take a media type; `details.media_type`), "
         "`ASSET_UNAVAILABLE` (the MCP server named could not be listed; nothing was stored)"
     ),
-    429: "`RATE_LIMITED`: too many failed API-key checks from this address; see `Retry-After`",
+    429: (
+        "`RATE_LIMITED`: too many failed API-key checks from this address, or the tenant is "
+        "at one of its limits (`details.limit` names the setting); see `Retry-After`"
+    ),
     500: "`INTERNAL`: an unexpected error, logged by the gateway",
     503: "`UNAVAILABLE`: Redis or PostgreSQL is unreachable; retry after `Retry-After`",
 }

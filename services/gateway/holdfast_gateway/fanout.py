@@ -9,7 +9,10 @@ instead of after the block timeout.
 
 Subscribers may see an event twice (live delivery overlapping their own
 catch-up read) or notice a gap (a slow consumer whose queue overflowed);
-:func:`holdfast_gateway.sse.event_frames` handles both by seq.
+:func:`holdfast_gateway.sse.event_frames` handles both by seq. A queue holds at
+most ``max_buffered_events`` events (and ``max_buffered_bytes`` of them): past
+that its subscriber gets no more, and the SSE response it serves is dropped
+(``slowreader.py``; the client resumes from its cursor).
 """
 
 from __future__ import annotations
@@ -25,22 +28,44 @@ from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
 from redis.typing import KeyT, StreamIdT
 
+from holdfast_gateway import slowreader
+
 log = logging.getLogger(__name__)
 
 _BLOCK_MS = 5000
 _READ_COUNT = 1000
-# A subscriber this many batches behind is dropped from live delivery and
-# catches up from the log instead, so one slow client never grows memory.
-_QUEUE_BATCHES = 256
+
+
+class Buffered(asyncio.Queue[list[LoggedEvent] | None]):
+    """A subscriber's queue of batches, counting the events (and their bytes) it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events = 0
+        self.bytes = 0
+
+    def _put(self, item: list[LoggedEvent] | None) -> None:
+        super()._put(item)
+        if item:
+            self.events += len(item)
+            self.bytes += sum(len(e.data) for e in item)
+
+    def _get(self) -> list[LoggedEvent] | None:
+        item = super()._get()
+        if item:
+            self.events -= len(item)
+            self.bytes -= sum(len(e.data) for e in item)
+        return item
 
 
 @dataclass(eq=False)
 class Subscription:
     task_id: str
-    queue: asyncio.Queue[list[LoggedEvent] | None] = field(
-        default_factory=lambda: asyncio.Queue(_QUEUE_BATCHES)
-    )
+    queue: Buffered = field(default_factory=Buffered)
+    # No more live delivery until the subscriber caught up from the log.
     overflowed: bool = False
+    # The SSE response this feeds, dropped once the queue is past its bounds.
+    guard: slowreader.Guard | None = None
 
 
 @dataclass
@@ -50,8 +75,19 @@ class _Tail:
 
 
 class Hub:
-    def __init__(self, redis: Redis, keys: Keys, eventlog: EventLog) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        eventlog: EventLog,
+        *,
+        max_buffered_events: int = 10_000,
+        max_buffered_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
         self.redis = redis
+        self.max_buffered_events = max_buffered_events
+        self.max_buffered_bytes = max_buffered_bytes
+        self.dropped_slow_readers = 0
         self.keys = keys
         self.eventlog = eventlog
         self.gateway_id = uuid.uuid4().hex[:12]
@@ -65,6 +101,7 @@ class Hub:
         return {
             "tasks": len(self._tails),
             "subscribers": sum(len(t.subscribers) for t in self._tails.values()),
+            "slow_readers_dropped": self.dropped_slow_readers,
         }
 
     async def close(self) -> None:
@@ -76,7 +113,7 @@ class Hub:
 
     async def subscribe(self, task_id: str) -> Subscription:
         """Start live delivery of the task's events after its current last seq."""
-        sub = Subscription(task_id)
+        sub = Subscription(task_id, guard=slowreader.current())
         tail = self._tails.get(task_id)
         if tail is None:
             last = await self.eventlog.last_hot_seq(task_id) or 0
@@ -85,10 +122,14 @@ class Hub:
                 tail = self._tails[task_id] = _Tail(cursor=last)
                 self._key_to_task[self.keys.events(task_id)] = task_id
                 tail.subscribers.add(sub)
-                await self.redis.xadd(self._wake_key, {"t": task_id}, maxlen=100)
+                await self._follow(task_id)
                 return sub
         tail.subscribers.add(sub)
         return sub
+
+    async def _follow(self, task_id: str) -> None:
+        """Have the tailer read the newly followed task's stream from now on."""
+        await self.redis.xadd(self._wake_key, {"t": task_id}, maxlen=100)
 
     def unsubscribe(self, sub: Subscription) -> None:
         tail = self._tails.get(sub.task_id)
@@ -117,16 +158,37 @@ class Hub:
             if key == self._wake_key:
                 self._wake_cursor = entries[-1][0]
                 continue
-            task_id = self._key_to_task.get(key)
-            tail = self._tails.get(task_id) if task_id else None
-            if tail is None:
-                continue  # every subscriber left while we were reading
-            events = [LoggedEvent(int(eid.split("-", 1)[0]), f["t"], f["d"]) for eid, f in entries]
-            tail.cursor = events[-1].seq
-            for sub in tail.subscribers:
-                if sub.overflowed:
-                    continue
-                try:
-                    sub.queue.put_nowait(events)
-                except asyncio.QueueFull:
-                    sub.overflowed = True
+            self._dispatch(key, entries)
+
+    def _dispatch(self, key: str, entries: list[tuple[str, dict[str, str]]]) -> None:
+        """Hand the entries read from the events stream ``key`` to its subscribers."""
+        task_id = self._key_to_task.get(key)
+        tail = self._tails.get(task_id) if task_id else None
+        if tail is None:
+            return  # every subscriber left while we were reading
+        events = [LoggedEvent(int(eid.split("-", 1)[0]), f["t"], f["d"]) for eid, f in entries]
+        tail.cursor = events[-1].seq
+        size = sum(len(e.data) for e in events)
+        for sub in tail.subscribers:
+            if not sub.overflowed:
+                self._deliver(sub, events, size)
+
+    def _deliver(self, sub: Subscription, events: list[LoggedEvent], size: int) -> None:
+        queue = sub.queue
+        if (
+            queue.events + len(events) <= self.max_buffered_events
+            and queue.bytes + size <= self.max_buffered_bytes
+        ):
+            queue.put_nowait(events)
+            return
+        # Bounded memory: nothing more for this one. Its response is dropped (the
+        # client resumes from its cursor); a subscriber without one catches up
+        # from the log once it reads again.
+        sub.overflowed = True
+        if sub.guard is not None:
+            self.dropped_slow_readers += 1
+            sub.guard.trip(
+                f"{queue.events} events ({queue.bytes:,} bytes) of task {sub.task_id} waiting "
+                f"for it (HOLDFAST_SSE_MAX_BUFFERED_EVENTS={self.max_buffered_events}, "
+                f"HOLDFAST_SSE_MAX_BUFFERED_BYTES={self.max_buffered_bytes})"
+            )

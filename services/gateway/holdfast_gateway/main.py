@@ -24,7 +24,7 @@ import sys
 
 import uvicorn
 from holdfast_shared.assets import VaultError, vault_from_settings
-from holdfast_shared.logs import configure_logging
+from holdfast_shared.observability.process import setup_process
 from holdfast_shared.settings import get_settings
 
 from holdfast_gateway.app import create_app
@@ -32,7 +32,7 @@ from holdfast_gateway.app import create_app
 
 def main() -> None:
     settings = get_settings()
-    configure_logging(settings.log_level, "gateway")
+    setup_process(settings, "gateway", serve=False)  # /metrics is a route of the app
     try:
         vault_from_settings(settings)
     except VaultError as exc:
@@ -44,5 +44,7 @@ def main() -> None:
         port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
+        # None: uvicorn's records go through ours (HOLDFAST_LOG_FORMAT) like the rest.
+        log_config=None,
         timeout_graceful_shutdown=5,
     )

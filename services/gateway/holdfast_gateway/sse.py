@@ -18,6 +18,7 @@ from holdfast_shared.events import ends_turn, heartbeat_json
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from holdfast_gateway.fanout import Hub
+from holdfast_gateway.slowreader import Guard, GuardedResponse, guarded
 
 
 def frame(event: LoggedEvent) -> str:
@@ -107,8 +108,11 @@ def sse_response(
         async for chunk in frames:
             yield chunk.encode()
 
-    return EventSourceResponse(
-        as_bytes(),
+    # A reader too slow for its stream is dropped, not buffered for (slowreader.py).
+    guard = Guard()
+    return GuardedResponse(
+        guarded(guard, as_bytes()),
+        guard=guard,
         ping=heartbeat_seconds,
         ping_message_factory=heartbeat,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},

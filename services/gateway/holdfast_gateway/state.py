@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from holdfast_gateway.auth import KeyAuthenticator
 from holdfast_gateway.fanout import Hub
+from holdfast_gateway.streamtokens import StreamTokens
 
 
 @dataclass
@@ -35,4 +36,6 @@ class GatewayState:
     # Seals and opens the Asset Directory's credentials (HOLDFAST_ASSET_ENCRYPTION_KEY;
     # the lifespan refuses to start without it).
     vault: Vault | None = None
+    # Signs and checks the stream tokens of GET /execute/replay?token= (routes/auth.py).
+    stream_tokens: StreamTokens | None = None
     started_at: float = field(default_factory=time.monotonic)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -21,12 +22,16 @@ from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
 from holdfast_shared.ids import created_ms, new_id, new_task_id
 from holdfast_shared.jobs import TurnJob
+from holdfast_shared.observability import tracing
+from holdfast_shared.observability.scopes import traced
 from holdfast_shared.tasks import TaskRef, find_task
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.forks import ForkRequest, fork_for_turn
+from holdfast_gateway.limits import check_new_turn
 from holdfast_gateway.state import GatewayState
 
 
@@ -105,19 +110,30 @@ async def _refuse_busy(state: GatewayState, task: TaskRef) -> NoReturn:
     )
 
 
+@traced("holdfast.turn.start")
 async def start_turn(
     state: GatewayState,
     tenant_id: str,
     *,
-    message: str,
+    message: str | None,
     task_id: str | None,
     agent: str | None,
     model: str | None,
     media: list[dict[str, Any]],
     user_id: str = "",
+    fork: ForkRequest | None = None,
+    also: Callable[[AsyncSession, TaskRef, str], Awaitable[None]] | None = None,
 ) -> StartedTurn:
     """Start a turn of the tenant's task named ``task_id`` (a new task when
-    absent or new to the tenant)."""
+    absent or new to the tenant).
+
+    With ``fork`` (edit or retry, see ``forks.py``) the task must exist (404
+    ``TASK_NOT_FOUND``), the conversation forks in the same transaction, and
+    ``message`` is the edited text (None for a retry, which opens with the
+    retried message's content).
+
+    ``also(session, task, turn_id)`` writes what else must commit with the
+    turn (an execution's row), in its transaction, before the job is queued."""
     name = task_id or new_id("task")
     turn_id = new_id("turn")
     task: TaskRef | None = None
@@ -129,11 +145,31 @@ async def start_turn(
         # before anything is queued.
         async with state.sessions.begin() as session:
             task, new_task = await _get_or_create_task(session, tenant_id, name, agent, model)
+            if fork is not None and new_task:
+                # Rolled back with the transaction: nothing of it is kept.
+                raise ApiError(
+                    404, ErrorCode.TASK_NOT_FOUND, f"task {name!r} not found", {"task_id": name}
+                )
             if not await state.lock.acquire(task.id, turn_id) and not await _take_abandoned_lock(
                 state, task.id, turn_id
             ):
                 await _refuse_busy(state, task)
             locked = True
+            # The tenant's running turns limit (429): after the busy check, so a message
+            # for a busy task is told so (or waits, on_busy), and before the turn is
+            # written; the lock is released and the transaction rolled back below.
+            await check_new_turn(session, state.settings, tenant_id)
+            forked = None if fork is None else await fork_for_turn(session, task.id, fork)
+            if forked is not None and forked.content is not None:
+                content = forked.content
+            elif message is not None:
+                content = user_content(message, media)
+            else:
+                raise ValueError("a turn opens with a message unless it retries one")
+            # The task's last activity: GET /tasks lists the newest first.
+            await session.execute(
+                update(Task).where(Task.id == task.id).values(updated_at=func.now())
+            )
             await session.execute(
                 insert(Turn).values(
                     id=turn_id,
@@ -150,10 +186,17 @@ async def start_turn(
                     turn_id=turn_id,
                     position=0,
                     role="user",
-                    content=user_content(message, media),
+                    content=content,
                 )
             )
-        started = ThreadLifecycle(phase="started")
+            if also is not None:
+                await also(session, task, turn_id)
+        started = ThreadLifecycle(
+            phase="started",
+            fork_id=forked.fork_id if forked else None,
+            fork_reason=forked.reason if forked else None,
+            fork_from_turn_id=forked.from_turn_id if forked else None,
+        )
         body = body_json(started)
         appended = await state.eventlog.append_bodies(
             task.id, turn_id, [(started.type, body)], name=name, new_task=new_task
@@ -164,6 +207,7 @@ async def start_turn(
             tenant_id=tenant_id,
             agent=agent,
             model=model,
+            traceparent=tracing.turn_traceparent(task.id, turn_id),
         )
         await state.redis.xadd(state.keys.turns, job.to_fields())
     except BaseException:

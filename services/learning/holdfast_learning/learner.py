@@ -40,6 +40,7 @@ from holdfast_shared.memory.store import (
     save_facts,
     upsert_entity,
 )
+from holdfast_shared.observability import metrics
 from redis.asyncio import Redis
 from sqlalchemy import select, tuple_, update
 from sqlalchemy.dialects.postgresql import distinct_on
@@ -193,6 +194,7 @@ class Learner:
             souls[item.brain] = extracted.extraction.soul.strip()
         result.learned += 1
         result.ids.append(item.id)
+        metrics.trajectory_learned(item.finished_at)
 
     async def _failed(self, item: _Pending, exc: Exception, result: BatchResult) -> None:
         attempts = item.attempts + 1
@@ -216,6 +218,7 @@ class Learner:
                     next_attempt_at=None if dead else datetime.now(UTC) + backoff(attempts),
                 )
             )
+        metrics.trajectory_failed(dead=dead)
         if dead:
             result.dead += 1
             async with self.redis.pipeline(transaction=True) as pipe:

@@ -34,9 +34,9 @@ from arq.worker import Worker
 from holdfast_shared.background import cancel_and_wait
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
-from holdfast_shared.logs import configure_logging
 from holdfast_shared.memory import embedders
 from holdfast_shared.memory.index import open_index
+from holdfast_shared.observability.process import setup_process
 from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
@@ -180,5 +180,5 @@ async def serve() -> None:
 
 def main() -> None:
     """Run the learning worker until SIGTERM/SIGINT."""
-    configure_logging(get_settings().log_level, "learning")
+    setup_process(get_settings(), "learning")
     asyncio.run(serve())

@@ -10,6 +10,12 @@ Keeping turns alive through failures:
   JUSTID``); a dead worker does neither, so after ``HOLDFAST_LEASE_SECONDS``
   its entries are taken over with ``XAUTOCLAIM`` by any live worker, which
   continues the turn from its snapshot;
+* liveness — sooner than that, every live worker looks for consumers of the
+  group whose liveness key (``Keys.worker_alive``, TTL
+  ``HOLDFAST_LIVENESS_SECONDS``) lapsed, claims their entries, ends their
+  leases and continues their turns (``holdfast_shared.orphans``): a SIGKILLed
+  worker's turns move within about one liveness TTL; the epoch fences a
+  worker that was only paused;
 * cancel — ``POST /execute/cancel`` publishes on ``Keys.cancels``; the worker
   running the turn cancels it at once;
 * drain — on SIGTERM no new job is taken; running turns get
@@ -30,6 +36,8 @@ from collections.abc import Awaitable, Callable
 from holdfast_shared.background import Background, every
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
+from holdfast_shared.observability.scopes import observed_turn
+from holdfast_shared.orphans import claim_from_dead, scan_every
 from holdfast_shared.pubsub import listen
 from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
@@ -37,6 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from holdfast_loop_worker.executions import interrupt_for_pause
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.turn import TurnContext, TurnRunner
 
@@ -66,6 +75,7 @@ class TurnConsumer:
         lease_seconds: int,
         drain_seconds: float,
         on_group_created: Callable[[], Awaitable[None]],
+        liveness_seconds: float = 2.0,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -76,6 +86,7 @@ class TurnConsumer:
         self.lease_ms = lease_seconds * 1000
         self.drain_seconds = drain_seconds
         self.on_group_created = on_group_created
+        self.liveness_seconds = liveness_seconds
         self._running: dict[str, _Running] = {}  # by turn id
         self._deferred: set[asyncio.Task[None]] = set()  # resume jobs waiting for a run
         self._stopping = False
@@ -94,6 +105,19 @@ class TurnConsumer:
                 background.start(
                     listen(self.redis, self.keys.cancels, self._cancel, what="cancels"),
                     name="cancels",
+                )
+                background.start(
+                    listen(self.redis, self.keys.pauses, self._pause, what="pauses"),
+                    name="pauses",
+                )
+                background.start(
+                    every(
+                        scan_every(self.liveness_seconds),
+                        self._rescue,
+                        what="taking over dead workers' turns",
+                        wait_first=True,
+                    ),
+                    name="dead-workers",
                 )
                 while not stop.is_set():
                     free = self.concurrency - len(self._running)
@@ -205,7 +229,7 @@ class TurnConsumer:
 
     async def _handle(self, entry_id: str, job: TurnJob, runner: TurnRunner) -> None:
         try:
-            outcome = await runner.run()
+            outcome = await observed_turn(job, runner.run)
         except asyncio.CancelledError:
             return  # shutting down without a hand-back: the entry stays pending
         except Exception:
@@ -248,6 +272,48 @@ class TurnConsumer:
             message_ids=[r.entry_id for r in running],
             justid=True,
         )
+
+    async def _rescue(self) -> None:
+        """Continue the turns of workers whose liveness key lapsed (killed, or stalled)."""
+        free = self.concurrency - len(self._running)
+        if self._stopping or free <= 0:
+            return
+        try:
+            claimed = await claim_from_dead(
+                self.redis,
+                self.keys.turns,
+                TURNS_GROUP,
+                self.consumer_name,
+                self.keys.worker_alive,
+                liveness_seconds=self.liveness_seconds,
+                count=free,
+            )
+        except (RedisConnectionError, RedisTimeoutError):
+            return  # Redis is restarting: the read loop says so, and retries
+        if not claimed:
+            return
+        held: dict[str, list[str]] = {}
+        for dead, _entry_id, fields in claimed:
+            with contextlib.suppress(ValueError):  # _start drops a malformed job
+                held.setdefault(dead, []).append(TurnJob.from_fields(fields).turn_id)
+        for dead, turn_ids in held.items():
+            log.warning("worker %s is gone; taking over %d turn(s)", dead, len(turn_ids))
+            try:
+                # Before running them: their leases would otherwise hold them a lease more.
+                await self.leases.revoke(dead, turn_ids)
+            except Exception:
+                # Started anyway: each waits for its lease (busy), then XAUTOCLAIM.
+                log.warning("could not end the leases of worker %s", dead, exc_info=True)
+        for _dead, entry_id, fields in claimed:
+            await self._start(entry_id, fields, "worker_lost")
+
+    async def _pause(self, data: str) -> None:
+        """An execution's pause (``<task_id> <turn_id>``): cut its model call short if
+        it streams one here (else it parks at its next step boundary anyway)."""
+        _task_id, _, turn_id = data.partition(" ")
+        running = self._running.get(turn_id)
+        if running is not None:
+            interrupt_for_pause(running.runner)
 
     async def _cancel(self, data: str) -> None:
         """``POST /execute/cancel`` (``<task_id> <turn_id>``): stop the turn if it runs here."""

@@ -81,6 +81,23 @@ class Leases:
                 .values(lease_until=datetime.now(UTC) + self.duration)
             )
 
+    async def revoke(self, owner: str, turn_ids: Iterable[str]) -> None:
+        """End the leases ``owner`` holds on these turns: it was found dead (its liveness
+        key lapsed), so they are free to claim now rather than when they run out.
+
+        Should ``owner`` only have been paused, it finds its appends fenced by the new
+        holder's epoch, and its renewals no longer match.
+        """
+        ids = list(turn_ids)
+        if not ids or owner == self.owner:
+            return
+        async with self.sessions.begin() as session:
+            await session.execute(
+                update(Turn)
+                .where(Turn.id.in_(ids), Turn.lease_owner == owner, Turn.status.in_(ACTIVE))
+                .values(lease_owner=None, lease_until=None)
+            )
+
     async def release(self, turn_id: str, *, status: str | None = None) -> None:
         """Give the turn up (to be resumed at once by whoever gets its next job)."""
         values: dict[str, object] = {"lease_owner": None, "lease_until": None}

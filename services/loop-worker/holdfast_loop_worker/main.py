@@ -11,10 +11,12 @@ while it lives, deleted when it stops cleanly).
 Guarantees: a job is acknowledged once its turn ended (its terminal
 lifecycle event is logged), parked on a question (snapshotted; no worker
 holds it) or was handed back (snapshotted and queued again); a job left
-unacknowledged by a dead worker is taken over when its lease lapses. SIGTERM
+unacknowledged by a dead worker is taken over once its liveness key lapses
+(``HOLDFAST_LIVENESS_SECONDS``), or at the latest when its lease does. SIGTERM
 stops taking jobs, lets running turns finish for ``HOLDFAST_DRAIN_SECONDS``
 and hands the rest back. Its background loops (archiver, inbox, announcing
-itself and its providers, question expiry, stale-turn sweep) run in one
+itself and its providers, question expiry, stale-turn sweep, the sweep that
+starts messages a dead worker left waiting) run in one
 ``Background`` and stop with it.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -33,14 +36,16 @@ from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
-from holdfast_shared.logs import configure_logging
 from holdfast_shared.memory import embedders
 from holdfast_shared.memory.index import open_index
 from holdfast_shared.memory.search import Searcher
+from holdfast_shared.observability.process import setup_process
+from holdfast_shared.orphans import Heartbeat, refresh_every
 from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.turnlock import TurnLock
+from holdfast_shared.turnqueue import promote_stranded
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -159,6 +164,24 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         lease_seconds=settings.lease_seconds,
         drain_seconds=settings.drain_seconds,
         on_group_created=rebuild,
+        liveness_seconds=settings.liveness_seconds,
+    )
+
+    async def announce() -> None:
+        await workers.announce(
+            redis,
+            keys,
+            worker_id,
+            providers.names,
+            default_model=providers.default_model,
+            ttl_seconds=settings.liveness_seconds,
+        )
+
+    heartbeat = Heartbeat(
+        redis_url,
+        keys.worker_alive(worker_id),
+        json.dumps({"providers": sorted(providers.names)}),
+        ttl_seconds=settings.liveness_seconds,
     )
     archiver = Archiver(eventlog, settings.archive_interval_seconds)
     log.info(
@@ -171,17 +194,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         async with Background() as background:
             background.start(archiver.run(), name="event-archiver")
             background.start(inbox.run(), name="inbox")
+            # Alive before the first job is read: others take the jobs of a
+            # consumer without a liveness key (holdfast_shared.orphans).
+            with contextlib.suppress(RedisError):  # unreachable: the loop below retries
+                await announce()
+            # Beats through event-loop stalls: only a dead (or stopped) process lapses.
+            heartbeat.start()
             background.start(
                 every(
-                    workers.ALIVE_TTL_SECONDS / 3,
-                    lambda: workers.announce(
-                        redis,
-                        keys,
-                        worker_id,
-                        providers.names,
-                        default_model=providers.default_model,
-                    ),
+                    refresh_every(settings.liveness_seconds),
+                    announce,
                     what="announcing the worker and its providers",
+                    wait_first=True,
                 ),
                 name="announce",
             )
@@ -200,10 +224,20 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 ),
                 name="stale-turns",
             )
+            background.start(
+                every(
+                    settings.lease_seconds,
+                    lambda: promote_stranded(sessions, redis, keys, ctx.lock, eventlog),
+                    what="the waiting-message sweep",
+                    wait_first=True,
+                ),
+                name="waiting-messages",
+            )
             await consumer.run(stop)
         await archiver.flush()
         await inbox.close()
     finally:
+        await asyncio.to_thread(heartbeat.stop)
         with contextlib.suppress(RedisError):  # Redis gone: the key lapses on its own
             await workers.withdraw(redis, keys, worker_id)
         await providers.aclose()
@@ -216,5 +250,5 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
 def main() -> None:
     settings = get_settings()
-    configure_logging(settings.log_level, "loop-worker")
+    setup_process(settings, "loop-worker")
     asyncio.run(serve(settings))

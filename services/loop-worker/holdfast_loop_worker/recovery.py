@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from holdfast_shared.db.models import EventRecord, Task, Turn
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
+from holdfast_shared.observability import metrics
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
 from sqlalchemy import delete, or_, select, update
@@ -49,6 +50,7 @@ async def requeue_unfinished(
         await queue_resume(redis, keys, tenant_id, task_id, turn_id)
     if rows:
         log.warning("queued %d unfinished turn(s) again from PostgreSQL", len(rows))
+        metrics.TURNS_REQUEUED.labels("redis_lost").inc(len(rows))
     return len(rows)
 
 
@@ -124,4 +126,5 @@ async def requeue_stale(
         await queue_resume(redis, keys, tenants[task_id], task_id, turn_id)
     if rows:
         log.warning("queued %d stale turn(s) again", len(rows))
+        metrics.TURNS_REQUEUED.labels("stale").inc(len(rows))
     return len(rows)

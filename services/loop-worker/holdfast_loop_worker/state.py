@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from holdfast_shared.db.models import ChannelStateSnapshot
-from sqlalchemy import select
+from sqlalchemy import Insert, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 Stage = Literal["model", "tools", "final"]
@@ -102,6 +102,18 @@ class Snapshots:
                 state=state.to_json(),
                 expires_at=datetime.now(UTC) + ttl,
             )
+        )
+
+    def statement(self, task_id: str, turn_id: str, reason: str, state: TurnState) -> Insert:
+        """The snapshot as one INSERT, for a caller that sends it with other writes in one
+        statement (``EventLog``'s ``Writes``: no ORM flush, no transaction of its own)."""
+        ttl = self.hitl_ttl if reason == "hitl" else self.active_ttl
+        return insert(ChannelStateSnapshot).values(
+            task_id=task_id,
+            turn_id=turn_id,
+            reason=reason,
+            state=state.to_json(),
+            expires_at=datetime.now(UTC) + ttl,
         )
 
     async def latest(self, turn_id: str) -> TurnState | None:

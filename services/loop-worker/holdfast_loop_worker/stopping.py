@@ -7,7 +7,10 @@ the consumer, both through :meth:`TurnStop.request`:
   turn ends ``completed`` with ``stop_reason: "cancelled"``;
 * the drain at shutdown, for a turn still running when the drain time is
   up — reason ``handoff``: the turn is snapshotted and queued for another
-  worker.
+  worker;
+* the pause listener, for ``POST /v1/execution/{id}/pause`` while the turn
+  streams a model call — reason ``pause``: the call is cut off and the turn
+  parks paused (``executions.py``); it runs again on resume.
 
 Each request cancels the task once and is counted. When the turn sees
 ``CancelledError`` it calls :meth:`TurnStop.consume`, which takes back
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-StopReason = Literal["cancel", "handoff"]
+StopReason = Literal["cancel", "handoff", "pause"]
 
 
 class TurnStop:
@@ -37,6 +40,9 @@ class TurnStop:
         self.reason: StopReason | None = None
         self._task: asyncio.Task[Any] | None = None
         self._requested = 0
+        # Set once the turn took its stop: it is ending, and a later request
+        # (a second cancel, say two interrupts racing) must not cut that short.
+        self._stopping = False
 
     def bind(self, task: asyncio.Task[Any]) -> None:
         """The task that runs the turn: the one :meth:`request` cancels."""
@@ -47,6 +53,8 @@ class TurnStop:
         task = self._task
         if task is None or task.done():
             return False
+        if self._stopping:
+            return True
         if self.reason != "cancel":
             self.reason = reason
         self._requested += 1
@@ -66,4 +74,5 @@ class TurnStop:
         for _ in range(self._requested):
             task.uncancel()
         self._requested = 0
+        self._stopping = True
         return self.reason

@@ -27,6 +27,7 @@ from holdfast_shared.assets.catalogue import server_wildcard
 from holdfast_shared.db.models import ToolResultRecord
 from holdfast_shared.jobs import ToolCallJob, ToolOutcome
 from holdfast_shared.keys import Keys
+from holdfast_shared.observability import tracing
 from holdfast_shared.tools import BUILTIN_BY_NAME
 from redis.asyncio import Redis
 from sqlalchemy import select
@@ -142,6 +143,7 @@ class ToolCaller:
             skills=ctx.skills,
             server=server_tool.server if server_tool else None,
             server_tool=server_tool.tool if server_tool else None,
+            traceparent=tracing.current_traceparent(),
         )
         correlation = f"{ctx.task_id}:{tool_call_id}"
         while True:

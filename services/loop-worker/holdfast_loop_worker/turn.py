@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -44,7 +44,7 @@ from holdfast_shared.agents import AgentDefinition, AgentNotFound, model_for, re
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
-from holdfast_shared.eventlog import EventLog, next_epoch
+from holdfast_shared.eventlog import EventLog, Writes, next_epoch
 from holdfast_shared.events import (
     TERMINAL_PHASES,
     ContentBlockStart,
@@ -59,12 +59,15 @@ from holdfast_shared.events import (
     ToolResult,
     TurnResumed,
     Usage,
+    UserMessage,
     parse_event,
     turn_of,
 )
 from holdfast_shared.jobs import ToolOutcome, TurnJob
 from holdfast_shared.keys import Keys
 from holdfast_shared.memory import Brain
+from holdfast_shared.observability import metrics
+from holdfast_shared.observability.modelcalls import observed_model_call
 from holdfast_shared.providers import (
     BlockStart,
     BlockStop,
@@ -89,10 +92,11 @@ from holdfast_shared.tools import (
 )
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
-from sqlalchemy import select, update
+from sqlalchemy import Executable, select, update
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from holdfast_loop_worker import executions
 from holdfast_loop_worker.blocks import Block
 from holdfast_loop_worker.context.assembly import Assembled
 from holdfast_loop_worker.context.engine import ContextEngine, TurnScope
@@ -102,6 +106,7 @@ from holdfast_loop_worker.hitl import Answer, HumanChannel
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.skills import TurnSkills
 from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
+from holdfast_loop_worker.steering import pending_steers, start_following, taken_in
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller, preview
 from holdfast_loop_worker.trajectory import TurnEnding, announce, write_trajectory
@@ -143,6 +148,8 @@ class _Seen:
     tool_results: set[str] = field(default_factory=set)
     hitl_requests: set[str] = field(default_factory=set)
     hitl_resolved: set[str] = field(default_factory=set)
+    # Steering messages whose user_message event is logged already.
+    steers: set[str] = field(default_factory=set)
 
 
 # What a model call emits; after the last snapshot, these belong to a call
@@ -205,6 +212,10 @@ class TurnRunner:
         self._started = time.monotonic()
         # The end user whose brain the turn reads and feeds ("" is the tenant's).
         self.user_id = ""
+        # The execution this turn runs, if any (executions.py), read when claimed.
+        self.execution: executions.ExecutionRun | None = None
+        # Inside a model call's stream (_call).
+        self.streaming = False
 
     @property
     def _brain(self) -> Brain:
@@ -226,6 +237,7 @@ class TurnRunner:
             # Another worker holds it and renews it: leave the job pending; it is
             # offered again once its lease runs out.
             return "busy"
+        metrics.lease_claimed(row.lease_owner, leases.owner)
         # From here on, a worker that stalled past its lease and wakes up
         # finds its appends refused (fenced) instead of writing over ours.
         self.emitter.epoch = await next_epoch(self.ctx.redis, self.ctx.keys, self.job.task_id)
@@ -237,6 +249,7 @@ class TurnRunner:
 
     async def _run_claimed(self, row: Turn) -> str:
         self.user_id = row.user_id
+        self.execution = await executions.ExecutionRun.load(self)
         snapshot = await self.ctx.snapshots.latest(self.job.turn_id)
         # A turn that never ran (its first job was lost) just starts.
         resuming = snapshot is not None or (
@@ -270,12 +283,20 @@ class TurnRunner:
                     await self._end(status, self.seen.terminal_stop_reason, [])
                     return status
             budget = max(0.0, self.ctx.deadline_seconds - self.state.active_ms / 1000)
+            if self.execution is not None:
+                budget = self.execution.budget(budget, self.state.active_ms)
             async with asyncio.timeout(budget):
                 stop_reason = await self._drive()
         except Parked as parked:
             return await self._park(parked.request_id)
+        except executions.PauseRequested:
+            return await executions.park_paused(self)
         except TimeoutError:
             await self._close_open_blocks()
+            if self.execution is not None and self.execution.budget_is_execution:
+                return await self._fail(
+                    ErrorCode.EXECUTION_MAX_DURATION, self.execution.deadline_message()
+                )
             return await self._fail(
                 ErrorCode.DEADLINE_EXCEEDED,
                 f"the turn ran past HOLDFAST_TURN_DEADLINE_SECONDS ({self.ctx.deadline_seconds:g})",
@@ -283,10 +304,16 @@ class TurnRunner:
         except asyncio.CancelledError:
             reason = self.stop.consume()
             if reason == "cancel":
+                # What the model had said is kept: the conversation goes on from it.
+                cut = self.blocks
                 await self._close_open_blocks()
+                if cut:
+                    await self._store(self._message("assistant", self._partial(cut)))
                 return await self._end_cancelled()
             if reason == "handoff":
                 return await self._hand_back()
+            if reason == "pause":
+                return await executions.park_paused(self, cut=True)
             raise
         except Superseded:
             raise
@@ -331,8 +358,12 @@ class TurnRunner:
         self.provider_name = choice.provider.name
         self.model_name = choice.model
         self.choice = choice
+        if not self.resuming:
+            metrics.turn_started(agent.name, f"{choice.provider.name}:{choice.model}")
         state = self.state
         while True:
+            # A step boundary: an execution may pause or checkpoint here.
+            await executions.at_boundary(self)
             if state.stage == "final":
                 return state.stop_reason or "end_turn"
             if state.stage == "tools":
@@ -343,6 +374,8 @@ class TurnRunner:
                     ErrorCode.MAX_ITERATIONS,
                     f"the turn reached HOLDFAST_MAX_ITERATIONS ({self.ctx.max_iterations})",
                 )
+            # The iteration boundary: messages steered into the turn join it here.
+            await self._take_steers()
             await self._model_step(choice)
 
     # -- model calls -----------------------------------------------------------
@@ -405,10 +438,18 @@ class TurnRunner:
     async def _call(self, choice: ModelChoice, prepared: Assembled) -> tuple[list[Block], str]:
         """One model call; its reported prompt size calibrates the next estimates."""
         self._prompt_tokens = 0
-        stream = stream_with_retries(
-            choice.provider, prepared.request, attempts=self.ctx.retry_attempts
+        attempts = self.ctx.retry_attempts
+        stream = observed_model_call(
+            choice.provider.name,
+            choice.model,
+            stream_with_retries(choice.provider, prepared.request, attempts=attempts),
         )
-        result = await self._model_call(stream)
+        # A pause may cut a model call short (executions.interrupt_for_pause).
+        self.streaming = True
+        try:
+            result = await self._model_call(stream)
+        finally:
+            self.streaming = False
         self.state.calibration = recalibrate(
             self.state.calibration, prepared.tokens, self._prompt_tokens
         )
@@ -478,6 +519,14 @@ class TurnRunner:
                     input=block.tool_input(),
                 )
             )
+
+    def _partial(self, blocks: dict[int, Block]) -> dict[str, Any]:
+        """The stored content of a model call cut off after ``blocks`` began."""
+        return {
+            "blocks": [blocks[i].to_content() for i in sorted(blocks)],
+            "interrupted": True,
+            "provider": self.provider_name,
+        }
 
     async def _close_open_blocks(self) -> None:
         """Close what a cut-off model call left open, so the client's view is whole."""
@@ -651,6 +700,8 @@ class TurnRunner:
                     seen.hitl_requests.add(event.request_id)
                 elif isinstance(event, HitlResolved):
                     seen.hitl_resolved.add(event.request_id)
+                elif isinstance(event, UserMessage):
+                    seen.steers.add(event.message_id)
                 elif isinstance(event, ThreadLifecycle) and event.phase in TERMINAL_PHASES:
                     seen.terminal = True
                     seen.terminal_stop_reason = event.stop_reason
@@ -703,6 +754,19 @@ class TurnRunner:
         await self.ctx.redis.xadd(self.ctx.keys.turns, job.to_fields())
         return "handed_back"
 
+    async def _take_steers(self) -> None:
+        """Messages sent with ``on_busy: "steer"`` become this turn's (steering.py):
+        logged, then stored with the step's snapshot."""
+        steers = await pending_steers(self.ctx.sessions, self.job.task_id)
+        if not steers:
+            return
+        for steer in steers:
+            if steer.message_id not in self.seen.steers:
+                await self.emitter.emit(UserMessage(text=steer.text, message_id=steer.message_id))
+                self.seen.steers.add(steer.message_id)
+        stored = [self._message("user", steer.content) for steer in steers]
+        await self._snapshot("steer", statements=[*stored, taken_in(steers)])
+
     async def _cancel_requested(self) -> bool:
         flag = await self.ctx.redis.get(self.ctx.keys.cancel(self.job.task_id))
         return bool(flag == self.job.turn_id)
@@ -734,6 +798,8 @@ class TurnRunner:
         A turn resumed after its terminal event was logged (the worker died
         just after) only records the end: the events are not logged twice.
         """
+        # Counted before the terminal event: a client that saw it finds it counted.
+        metrics.turn_ended(self._ending(status, stop_reason, last))
         if self.seen.terminal:
             await self.ctx.lock.release(self.job.task_id, self.job.turn_id)
         else:
@@ -751,6 +817,9 @@ class TurnRunner:
                     finished_at=datetime.now(UTC),
                     lease_owner=None,
                     lease_until=None,
+                    # The totals GET /tasks/{task_id} sums, committed with the end.
+                    usage=dict(self.state.usage),
+                    active_ms=self._active_ms(),
                 )
             )
             # The task keeps what the context engine learned for its next turn.
@@ -774,6 +843,12 @@ class TurnRunner:
             await write_trajectory(session, self._ending(status, stop_reason, last))
         await announce(self.ctx.redis, self.ctx.keys, self.job.tenant_id, self.job.turn_id)
         await self.ctx.redis.delete(self.ctx.keys.cancel(self.job.task_id))
+        await executions.turn_ended(self, status, last)
+        # The task is free: a message that waited for this turn starts now.
+        ctx = self.ctx
+        await start_following(
+            ctx.sessions, ctx.redis, ctx.keys, ctx.lock, ctx.eventlog, self.job.task_id
+        )
 
     def _ending(self, status: str, stop_reason: str | None, last: list[Any]) -> TurnEnding:
         error = next((e for e in last if isinstance(e, ErrorEvent)), None)
@@ -811,11 +886,22 @@ class TurnRunner:
             cache_read_input_tokens=u.get("cache_read_input_tokens", 0),
             reasoning_tokens=u.get("reasoning_tokens", 0),
             model=f"{self.provider_name}:{self.model_name}" if self.provider_name else None,
+            active_seconds=self._active_ms() / 1000,
         )
+
+    def _active_ms(self) -> int:
+        """The turn's active time so far: what its snapshots counted, plus this
+        worker's run since the last one (``_snapshot`` moves it over)."""
+        return self.state.active_ms + int((time.monotonic() - self._started) * 1000)
 
     # -- persistence -----------------------------------------------------------
     async def _snapshot(
-        self, reason: str, *, advance: bool = True, message: Insert | None = None
+        self,
+        reason: str,
+        *,
+        advance: bool = True,
+        message: Insert | None = None,
+        statements: Sequence[Executable] = (),
     ) -> None:
         """Save the turn's state, with the step's ``message`` (from ``_message``) if any.
 
@@ -832,10 +918,21 @@ class TurnRunner:
         self.state.active_ms += int((now - self._started) * 1000)
         self._started = now
         state = self.state
+        if not statements:
+            # The common step: its events, message and state as one SQL statement
+            # (one round trip, no BEGIN/COMMIT), the per-iteration cost of durability.
+            snapshot = self.ctx.snapshots.statement(
+                self.job.task_id, self.job.turn_id, reason, state
+            )
+            step = (message, snapshot) if message is not None else (snapshot,)
+            await self.ctx.eventlog.archive_now(self.job.task_id, also=Writes(step))
+            return
 
         async def write(session: AsyncSession) -> None:
             if message is not None:
                 await session.execute(message)
+            for statement in statements:
+                await session.execute(statement)
             self.ctx.snapshots.add(session, self.job.task_id, self.job.turn_id, reason, state)
 
         await self.ctx.eventlog.archive_now(self.job.task_id, also=write)

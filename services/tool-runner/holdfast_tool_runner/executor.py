@@ -20,11 +20,13 @@ from pathlib import Path
 from holdfast_shared.db.models import ToolResultRecord
 from holdfast_shared.jobs import InboxMessage, ToolCallJob, ToolOutcome
 from holdfast_shared.keys import Keys
+from holdfast_shared.observability.scopes import observed_tool_call, timed_tool_run
 from redis.asyncio import Redis
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from holdfast_tool_runner.archiving import WorkspaceArchiving
 from holdfast_tool_runner.builtin import run_tool
 from holdfast_tool_runner.connectors import Connectors
 from holdfast_tool_runner.sandbox import Launchers, SandboxUnavailable
@@ -49,6 +51,7 @@ class ToolExecutor:
         launchers: Launchers | None = None,
         skill_files: SkillFiles | None = None,
         connectors: Connectors | None = None,
+        archiving: WorkspaceArchiving | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -60,7 +63,10 @@ class ToolExecutor:
         self.skill_files = skill_files
         # The tenants' MCP servers (None: this runner calls none).
         self.connectors = connectors
+        # Restores a workspace this disk lacks before its call (None: no archives).
+        self.archiving = archiving
 
+    @observed_tool_call
     async def handle(self, job: ToolCallJob) -> ToolOutcome:
         """Run (or recall) the call and send the outcome to ``job.reply_to``."""
         outcome = await self._outcome(job)
@@ -79,18 +85,25 @@ class ToolExecutor:
             return outcome
         return await self._recall(job)
 
+    @timed_tool_run
     async def _run(self, job: ToolCallJob) -> ToolOutcome:
         if job.server is not None:
             if self.connectors is None:
                 return ToolOutcome(error="MCP servers are not available on this tool-runner")
             return await self.connectors.call(job)
         try:
+            if self.archiving is not None:
+                async with self.archiving.in_use(job.tenant_id, job.task_id) as restored:
+                    return await self._run_in(job, restored)
             workspace: Path = await asyncio.to_thread(
                 self.workspaces.ensure, job.tenant_id, job.task_id
             )
         except WorkspaceError as exc:
             # Fail closed as well: no workspace, or not one within its limits.
             return ToolOutcome(error=f"workspace unavailable, the tool did not run: {exc}")
+        return await self._run_in(job, workspace)
+
+    async def _run_in(self, job: ToolCallJob, workspace: Path) -> ToolOutcome:
         mounts: tuple[tuple[Path, str], ...] = ()
         if job.skills and self.skill_files is not None:
             problem = await asyncio.to_thread(skills_dir_problem, workspace)

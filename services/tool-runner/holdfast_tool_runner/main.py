@@ -1,22 +1,26 @@
 """tool-runner entry point.
 
 Consumes: tool calls (``Keys.tools``, group ``tool-runners``), built-in tools
-and Asset Directory (MCP) servers' tools alike, and probes of MCP servers;
-turn-end reap requests (``Keys.tools_reap``).
+and Asset Directory (MCP) servers' tools alike, probes of MCP servers, and
+workspace checkpoint/restore requests; turn-end reap requests
+(``Keys.tools_reap``), after which the task's workspace is archived.
 Produces: each call's outcome in ``tool_results`` (PostgreSQL) and on the
 waiting loop-worker's inbox; a probe's tools on the gateway's reply list;
 files in the task's workspace (one size-capped filesystem per tenant and
-task, removed with the task).
+task, removed with the task), archived off this disk (``archiving.py``).
 Guarantees: every process a tool starts runs in the sandbox (bubblewrap +
 seccomp + landlock + limits) or not at all — an MCP stdio server too; a call
 runs at most once, and a redelivered call gets the stored outcome; an MCP
 server's credentials never leave this process except to that server;
-SIGTERM stops taking calls and lets running ones finish.
+SIGTERM stops taking calls and lets running ones finish; a tool call runs
+in the workspace's last archived state when this disk lacks it (restored first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -27,13 +31,18 @@ from holdfast_shared.assets import Vault, VaultError, vault_from_settings
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
-from holdfast_shared.logs import configure_logging
+from holdfast_shared.observability.process import setup_process
+from holdfast_shared.orphans import Heartbeat, refresh_every
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
+from holdfast_shared.workspace_archive import store_from_settings
+from redis.exceptions import RedisError
 
+from holdfast_tool_runner.archiving import WorkspaceArchiving
 from holdfast_tool_runner.connectors import Connectors
 from holdfast_tool_runner.consumer import ToolConsumer
 from holdfast_tool_runner.executor import ToolExecutor
+from holdfast_tool_runner.hibernation import hibernate_idle, sweep_interval
 from holdfast_tool_runner.sandbox import launcher_pool, probe
 from holdfast_tool_runner.skillfiles import CACHE_DIR, SkillFiles
 from holdfast_tool_runner.sweeper import sweep_once
@@ -81,6 +90,14 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         idle_seconds=settings.asset_session_idle_seconds,
         connect_timeout=settings.asset_connect_timeout_seconds,
     )
+    # Workspace checkpoints and hibernation (archiving.py, hibernation.py).
+    archiving = WorkspaceArchiving(
+        workspaces,
+        store_from_settings(settings.workspace_store, sessions),
+        redis,
+        keys,
+        archive_on_turn_end=settings.workspace_archive_on_turn_end,
+    )
     consumer = ToolConsumer(
         redis,
         keys,
@@ -93,12 +110,28 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             launchers,
             skill_files=SkillFiles(workspaces.root / CACHE_DIR, sessions),
             connectors=connectors,
+            archiving=archiving,
         ),
         workspaces,
         consumer_name=runner_id,
         concurrency=settings.tool_concurrency,
         claim_idle_ms=int(settings.tool_claim_idle_seconds * 1000),
+        liveness_seconds=settings.liveness_seconds,
+        archiving=archiving,
     )
+
+    heartbeat = Heartbeat(
+        redis_url,
+        keys.runner_alive(runner_id),
+        json.dumps(found.as_dict()),
+        ttl_seconds=settings.liveness_seconds,
+    )
+
+    async def announce() -> None:
+        await runners.announce(
+            redis, keys, runner_id, found.as_dict(), ttl_seconds=settings.liveness_seconds
+        )
+
     log.info(
         "tool-runner %s ready; workspaces in %s; sandbox: %s", runner_id, workspaces.root, found
     )
@@ -106,11 +139,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         launchers.start()
     try:
         async with Background() as background:
+            # Alive before the first call is read: others take the calls of a
+            # consumer without a liveness key (holdfast_shared.orphans).
+            with contextlib.suppress(RedisError):  # unreachable: the loop below retries
+                await announce()
+            # Beats through event-loop stalls: only a dead (or stopped) process lapses.
+            heartbeat.start()
             background.start(
                 every(
-                    runners.ALIVE_TTL_SECONDS / 3,
-                    lambda: runners.announce(redis, keys, runner_id, found.as_dict()),
+                    refresh_every(settings.liveness_seconds),
+                    announce,
                     what="refreshing the liveness key",
+                    wait_first=True,
                 ),
                 name="liveness",
             )
@@ -130,11 +170,24 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 ),
                 name="mcp-session-sweep",
             )
+            hibernate_after = settings.workspace_hibernate_after_seconds
+            if hibernate_after > 0:
+                background.start(
+                    every(
+                        sweep_interval(hibernate_after),
+                        lambda: hibernate_idle(archiving, hibernate_after),
+                        what="hibernating idle workspaces",
+                        wait_first=True,
+                    ),
+                    name="workspace-hibernation",
+                )
             await consumer.run(stop)
     finally:
+        await archiving.aclose()  # turn-end checkpoints under way finish first
         await connectors.aclose()
         if launchers is not None:
             await launchers.aclose()
+        await asyncio.to_thread(heartbeat.stop)
         await runners.withdraw(redis, keys, runner_id)
         await redis.aclose()
         await engine.dispose()
@@ -144,7 +197,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 def main() -> None:
     """Run the tool-runner until SIGTERM/SIGINT."""
     settings = get_settings()
-    configure_logging(settings.log_level, "tool-runner")
+    setup_process(settings, "tool-runner")
     # Their request lines name MCP servers' URLs, which may carry a key.
     for noisy in ("httpx", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))

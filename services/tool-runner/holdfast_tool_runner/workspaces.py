@@ -136,6 +136,10 @@ class Workspaces:
                     raise WorkspaceError(f"workspace {tenant_id}/{task_id}: {exc}") from exc
         return path
 
+    def exists(self, tenant_id: str, task_id: str) -> bool:
+        """Whether the task's workspace is here, ready (mounted unless disk is "none")."""
+        return self._ready(self.path(tenant_id, task_id))
+
     def _ready(self, path: Path) -> bool:
         if self.disk == "none":
             return path.is_dir()

@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -61,6 +62,9 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(200), default="default")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Written by the gateway at most once a minute per key (holdfast_gateway.auth),
+    # so it is accurate to about that much and costs no write per request.
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Task(Base):
@@ -74,7 +78,11 @@ class Task(Base):
     """
 
     __tablename__ = "tasks"
-    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_tasks_tenant_id_name"),)
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", name="uq_tasks_tenant_id_name"),
+        # GET /tasks: a tenant's tasks, newest activity first.
+        Index("ix_tasks_tenant_activity", "tenant_id", "updated_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
@@ -114,13 +122,44 @@ class Turn(Base):
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The turn's token totals ({input_tokens, output_tokens, ...}) and active
+    # time, written with its end in one transaction (None while it runs: its
+    # latest snapshot has them then). Read by GET /tasks/{task_id}.
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    active_ms: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class ConversationFork(Base):
+    """A point where the conversation forked: the messages after ``after_message_id``
+    (all of the task's, when None) left the current branch (see ``branches.py``).
+
+    ``reason``: ``edit`` | ``retry`` (``POST /execute``) | ``rollback`` (an
+    execution resumed from a checkpoint).
+    """
+
+    __tablename__ = "conversation_forks"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    reason: Mapped[str] = mapped_column(String(16))
+    after_message_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class Message(Base):
     """A conversation message. ``content`` is a list of provider-neutral blocks."""
 
     __tablename__ = "messages"
-    __table_args__ = (UniqueConstraint("turn_id", "position"),)
+    __table_args__ = (
+        UniqueConstraint("turn_id", "position"),
+        # What the next model call reads: the current branch, in order.
+        Index(
+            "ix_messages_current",
+            "task_id",
+            "id",
+            postgresql_where=sql("taken_off_by IS NULL"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
@@ -130,6 +169,8 @@ class Message(Base):
     role: Mapped[str] = mapped_column(String(16))
     content: Mapped[dict[str, Any]] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # The fork that took the message off the current branch; None: it is on it.
+    taken_off_by: Mapped[str | None] = mapped_column(ForeignKey("conversation_forks.id"))
 
 
 class EventRecord(Base):
@@ -533,3 +574,121 @@ class AssetServer(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
+
+
+# -- workspace archives (workspace_archive/) ---------------------------------------
+
+
+class WorkspaceBlob(Base):
+    """One file content of a tenant's workspaces, stored once: zstd-compressed,
+    keyed by the SHA-256 of the uncompressed bytes."""
+
+    __tablename__ = "workspace_blobs"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class WorkspaceArchive(Base):
+    """A checkpoint of a task's workspace: its manifest (path → blob hash, mode,
+    size, mtime; symlink targets; directories), immutable once written."""
+
+    __tablename__ = "workspace_archives"
+    __table_args__ = (Index("ix_workspace_archives_task_created", "task_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    files: Mapped[int] = mapped_column(Integer)
+    total_bytes: Mapped[int] = mapped_column(BigInteger)
+    # checkpoint | turn_end | hibernate | restore
+    reason: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class WorkspaceHead(Base):
+    """The archive a task's workspace currently is (its last checkpoint, or what it
+    was rolled back to): what a tool-runner without the workspace restores."""
+
+    __tablename__ = "workspace_heads"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    archive_id: Mapped[str] = mapped_column(ForeignKey("workspace_archives.id", ondelete="CASCADE"))
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+
+# -- executions (the /v1/execution API; holdfast_shared/executions/) -----------------
+
+
+class Execution(Base):
+    """A task run as an execution: a goal, a state document, a status, checkpoints.
+
+    ``id`` (``exec_…``) is also the task's name (the ``task_id`` clients use);
+    ``task_id`` the engine's ``Task.id``. ``turn_id`` is the turn that runs the
+    work (the execution's one turn; a retry continues it). Active time is
+    ``active_ms`` plus, while running, the time since ``running_since``.
+    """
+
+    __tablename__ = "executions"
+    __table_args__ = (
+        # GET /v1/execution: a tenant's executions, newest first, by status.
+        Index("ix_executions_tenant_started", "tenant_id", "started_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), unique=True)
+    turn_id: Mapped[str | None] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str | None] = mapped_column(Text)
+    agent_id: Mapped[str | None] = mapped_column(String(128))
+    task_type: Mapped[str | None] = mapped_column(String(128))
+    # running | paused | completed | failed | terminated
+    status: Mapped[str] = mapped_column(String(16))
+    state: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    config: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    active_ms: Mapped[int] = mapped_column(BigInteger, server_default=sql("0"))
+    running_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    # Runs of the turn after the first (config.retry).
+    attempts: Mapped[int] = mapped_column(Integer, server_default=sql("0"))
+    # The last automatic checkpoint's time (config.checkpoint_interval_seconds).
+    last_checkpoint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ExecutionCheckpoint(Base):
+    """A point an execution can be rolled back to: its state document, and what the
+    rollback restores — the turn's snapshot, the last message of the current
+    conversation, the working memory and the workspace archive (None: none yet)."""
+
+    __tablename__ = "execution_checkpoints"
+    __table_args__ = (Index("ix_execution_checkpoints_execution", "execution_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    execution_id: Mapped[str] = mapped_column(ForeignKey("executions.id", ondelete="CASCADE"))
+    label: Mapped[str | None] = mapped_column(String(200))
+    state: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    turn_id: Mapped[str | None] = mapped_column(String(64))
+    turn_state: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    last_message_id: Mapped[int | None] = mapped_column(BigInteger)
+    working_memory: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    workspace_archive_id: Mapped[str | None] = mapped_column(String(64))
+    automatic: Mapped[bool] = mapped_column(Boolean, server_default=sql("false"))

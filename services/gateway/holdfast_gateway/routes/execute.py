@@ -21,12 +21,14 @@ from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.media import first_unsupported, unsupported_media
 from holdfast_shared.memory.brain import USER_ID_PATTERN
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
+from holdfast_shared.turnqueue import BusyMode
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
-from holdfast_gateway import errors
+from holdfast_gateway import busy, errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.forks import ForkRequest, invalid_field
 from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.sse import event_frames, frame, sse_response
 from holdfast_gateway.turns import start_turn
@@ -34,13 +36,55 @@ from holdfast_gateway.turns import start_turn
 router = APIRouter()
 
 MAX_MESSAGE_CHARS = 1_000_000
+# Message ids are PostgreSQL bigints.
+MAX_MESSAGE_ID = 2**63 - 1
 _MODEL_SPEC = re.compile(MODEL_SPEC_PATTERN)
 
 
-class ExecuteRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _present(*names: str) -> dict[str, Any]:
+    return {"required": list(names)}
 
-    message: Annotated[Text, Field(min_length=1, max_length=MAX_MESSAGE_CHARS)]
+
+# What _fork_request (and on_busy) check across fields, as JSON Schema: a
+# client (or a fuzzer) reading the description knows which bodies are valid.
+# ``message`` and the message ids are never null, so "present" is "given".
+_FORK_RULES: dict[str, Any] = {
+    "allOf": [
+        {"anyOf": [_present("message"), _present("retry_message_id")]},
+        {"not": _present("edit_message_id", "retry_message_id")},
+        {
+            "if": {"anyOf": [_present("edit_message_id"), _present("retry_message_id")]},
+            "then": {
+                **_present("task_id"),
+                "properties": {"task_id": {"type": "string"}, "on_busy": {"const": "reject"}},
+            },
+        },
+        {
+            "if": _present("retry_message_id"),
+            "then": {
+                "not": _present("message"),
+                "properties": {"media": {"type": "array", "maxItems": 0}},
+            },
+        },
+    ]
+}
+
+
+def _fork_rules(schema: dict[str, Any]) -> None:
+    # Absent (None) but never null on the wire: the description says so.
+    for name in ("message", "edit_message_id", "retry_message_id"):
+        field = schema["properties"][name]
+        given = [s for s in field.pop("anyOf", ()) if s.get("type") != "null"]
+        field.update(given[0] if given else {})
+        field.pop("default", None)
+    schema.update(_FORK_RULES)
+
+
+class ExecuteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_fork_rules)
+
+    # Required but with retry_message_id (checked by _fork_request).
+    message: Annotated[Text, Field(min_length=1, max_length=MAX_MESSAGE_CHARS)] | None = None
     task_id: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
     agent: Annotated[str | None, Field(pattern=ID_PATTERN)] = None
     user_id: Annotated[
@@ -70,6 +114,42 @@ class ExecuteRequest(BaseModel):
             description="images and files for the model, inline (base64) or by URL",
         ),
     ] = []
+
+    edit_message_id: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=MAX_MESSAGE_ID,
+            description="edit: an earlier user message of the task (an id from GET "
+            "/tasks/{task_id}/messages); it and everything after it leave the conversation's "
+            "current branch and `message` runs in its place. Needs `task_id`",
+        ),
+    ] = None
+    retry_message_id: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=MAX_MESSAGE_ID,
+            description="retry: a user message of the task to answer again; everything "
+            "after it leaves the current branch and a new turn opens with the same "
+            "message. Needs `task_id`; takes no `message` or `media`",
+        ),
+    ] = None
+
+    on_busy: BusyMode = Field(
+        default="reject",
+        description="when the task's turn is still running: `reject` (409), `enqueue` (run "
+        "after it), `interrupt` (cancel it, then run) or `steer` (join it at its next "
+        "step); see README, Double-texting",
+    )
+
+    @field_validator("message", "edit_message_id", "retry_message_id", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # Absent is None; an explicit null is not a value the description allows.
+        if value is None:
+            raise ValueError("leave the field out instead of sending null")
+        return value
 
     @field_validator("model")
     @classmethod
@@ -109,9 +189,15 @@ _TASK_LINKS = {
 _TURN_HEADERS = {
     "X-Task-Id": {"description": "the task's id", "schema": {"type": "string"}, "required": True},
     "X-Turn-Id": {
-        "description": "the new turn's id",
+        "description": "the new turn's id (with `on_busy`: the message's, which a steer's "
+        "`user_message` event names as `message_id`)",
         "schema": {"type": "string"},
         "required": True,
+    },
+    "X-Queued": {
+        "description": "with an `on_busy` other than `reject`: the mode the message waited "
+        "by (`enqueue`, `interrupt`, `steer`), or `no` when it started at once",
+        "schema": {"type": "string", "enum": ["no", "enqueue", "interrupt", "steer"]},
     },
 }
 
@@ -134,12 +220,27 @@ _TURN_HEADERS = {
 async def execute(
     state: StateDep, tenant: TenantDep, request: Annotated[ExecuteRequest, Body()]
 ) -> EventSourceResponse:
+    fork = _fork_request(request)
     # An unknown agent (or another tenant's) is a 404 before anything is written.
     agent = await require_agent(state, tenant, request.agent)
     if request.model is not None:
         await _require_provider(state, request.model)
     if request.media:
         await _require_media_support(state, request, agent)
+    if request.on_busy != "reject":
+        if fork is not None or request.message is None:
+            raise invalid_field("on_busy", 'an edit or a retry takes on_busy "reject" only')
+        return await busy.respond(
+            state,
+            tenant,
+            request.on_busy,
+            message=request.message,
+            task_id=request.task_id,
+            agent=request.agent,
+            model=request.model,
+            media=as_stored(request.media),
+            user_id=request.user_id or "",
+        )
     turn = await start_turn(
         state,
         tenant,
@@ -149,6 +250,7 @@ async def execute(
         model=request.model,
         media=as_stored(request.media),
         user_id=request.user_id or "",
+        fork=fork,
     )
 
     async def frames() -> AsyncIterator[str]:
@@ -164,6 +266,32 @@ async def execute(
         state.settings.heartbeat_seconds,
         headers={"X-Task-Id": turn.task.name, "X-Turn-Id": turn.turn_id},
     )
+
+
+def _fork_request(request: ExecuteRequest) -> ForkRequest | None:
+    """The edit or retry the request asks for; 422 naming the field when the
+    fields do not go together (the message itself is checked by start_turn)."""
+    if request.edit_message_id is not None and request.retry_message_id is not None:
+        raise invalid_field(
+            "retry_message_id", "give edit_message_id or retry_message_id, not both"
+        )
+    if request.retry_message_id is not None:
+        if request.message is not None:
+            raise invalid_field(
+                "message", "a retry answers the message again: send no message (or edit it)"
+            )
+        if request.media:
+            raise invalid_field("media", "a retry answers the message again: send no media")
+        fork = ForkRequest("retry_message_id", request.retry_message_id)
+    elif request.message is None:
+        raise invalid_field("message", "Field required", "missing")
+    elif request.edit_message_id is not None:
+        fork = ForkRequest("edit_message_id", request.edit_message_id)
+    else:
+        return None
+    if request.task_id is None:
+        raise invalid_field("task_id", f"{fork.field} needs the task_id of its task")
+    return fork
 
 
 async def _require_provider(state: StateDep, model: str) -> None:

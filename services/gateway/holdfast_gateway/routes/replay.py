@@ -1,17 +1,24 @@
-"""``GET /execute/replay``: a task's events after a cursor, then live to the turn's end."""
+"""``GET /execute/replay``: a task's events after a cursor, then live to the turn's end.
+
+Authenticated by ``X-Engine-Key``, or by a stream token (``?token=``, from
+``POST /auth/stream-token``) for clients that cannot set headers: a browser's
+``EventSource``, whose reconnects resend the same URL with ``Last-Event-ID``.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request, Security
 from holdfast_shared.ids import ID_PATTERN
 from sse_starlette import EventSourceResponse
 
 from holdfast_gateway import errors
-from holdfast_gateway.deps import StateDep, TenantDep, require_task
+from holdfast_gateway.deps import StateDep, engine_key
 from holdfast_gateway.openapi import SSE_CONTENT
+from holdfast_gateway.routes.auth import replay_task
 from holdfast_gateway.sse import event_frames, sse_response
+from holdfast_gateway.streamtokens import MAX_TOKEN_CHARS
 
 router = APIRouter()
 
@@ -25,13 +32,13 @@ MAX_CURSOR = 10**18 - 1
     response_class=EventSourceResponse,
     responses={
         200: {"description": "the events after the cursor", "content": SSE_CONTENT},
-        **errors.responses(*errors.AUTHENTICATED, 404),
+        **errors.responses(*errors.AUTHENTICATED, 403, 404),
     },
     summary="Replay a task's events after a cursor, then follow the running turn",
 )
 async def replay(
+    request: Request,
     state: StateDep,
-    tenant: TenantDep,
     task_id: Annotated[str, Query(pattern=ID_PATTERN)],
     after: Annotated[
         int | None, Query(ge=0, le=MAX_CURSOR, description="timestamp cursor, epoch ms")
@@ -45,8 +52,18 @@ async def replay(
             description="seq cursor, as an SSE client resends it; empty is the same as absent",
         ),
     ] = None,
+    token: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=MAX_TOKEN_CHARS,
+            description="a stream token for this task (POST /auth/stream-token), "
+            "instead of the X-Engine-Key header",
+        ),
+    ] = None,
+    x_engine_key: Annotated[str | None, Security(engine_key)] = None,
 ) -> EventSourceResponse:
-    task = await require_task(state, tenant, task_id)
+    task = await replay_task(request, state, task_id, token=token, key=x_engine_key)
     cursor = await _cursor(state, task.id, after, after_seq, last_event_id)
     running = await state.lock.holder(task.id)
     frames = event_frames(state.hub, state.eventlog, task.id, cursor, stop_turn=running)

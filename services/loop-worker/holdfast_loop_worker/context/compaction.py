@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from holdfast_shared.branches import summary_still_current
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.db.models import ContextSummary
 from holdfast_shared.providers.base import (
@@ -226,7 +227,9 @@ class Summaries:
         row = (
             await session.execute(
                 select(ContextSummary.last_message_id, ContextSummary.summary)
-                .where(ContextSummary.task_id == task_id)
+                # A summary of messages an edit or rollback took off the
+                # branch would bring them back: only current ones count.
+                .where(ContextSummary.task_id == task_id, summary_still_current())
                 .order_by(ContextSummary.last_message_id.desc())
                 .limit(1)
             )
@@ -239,6 +242,7 @@ class Summaries:
                 select(ContextSummary.summary).where(
                     ContextSummary.task_id == task_id,
                     ContextSummary.last_message_id == last_message_id,
+                    summary_still_current(),
                 )
             )
         return None if text is None else Summary(last_message_id, text)
