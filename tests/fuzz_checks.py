@@ -34,6 +34,10 @@ _NOT_STORED = {
     "message_off_branch",
     "not_a_user_message",
     "unknown_cursor",
+    # A JSON object for a JSONB column (an execution's state) with a NUL or a
+    # lone surrogate somewhere inside: PostgreSQL cannot store it, and JSON
+    # Schema cannot say so of every nested key and string.
+    "unstorable_json",
 }
 
 

@@ -142,7 +142,8 @@ async def owner_process(cluster: EngineProcesses, sessions: Any, turn_id: str) -
             owner = await session.scalar(select(Turn.lease_owner).where(Turn.id == turn_id))
         return owner is not None
 
-    await until(held)
+    # Generous: the worker that takes it may be one still starting on a loaded machine.
+    await until(held, within=60)
     assert owner is not None
     pid = int(owner.rsplit("-", 1)[1])
     return next(p for p in cluster.workers if p.pid == pid)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic_core import PydanticCustomError
 
 # The JSON Schema form of "no NUL", so generated clients and fuzzers know it too.
 NO_NUL_PATTERN = r"^[^\x00]*$"
@@ -54,6 +55,36 @@ Text = Annotated[
     str, AfterValidator(_refuse_nul), Field(json_schema_extra={"pattern": NO_NUL_PATTERN})
 ]
 """A string PostgreSQL can store: no NUL, no lone surrogate; either is a 422 naming the field."""
+
+
+def _storable(value: Any, path: str = "") -> None:
+    if isinstance(value, str):
+        try:
+            _refuse_nul(value)
+        except ValueError as exc:
+            raise ValueError(f"{path or 'a string'} {exc}") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _storable(key, f"the key {path}/{key[:40]!r}" if isinstance(key, str) else path)
+            _storable(item, f"{path}/{str(key)[:40]}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _storable(item, f"{path}/{index}")
+
+
+def _storable_object(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        _storable(value)
+    except ValueError as exc:
+        # Its own type: JSON Schema cannot say "no NUL" of every nested string
+        # and key, so a fuzzer may send one; the 422 still names where it is.
+        raise PydanticCustomError("unstorable_json", "{reason}", {"reason": str(exc)}) from None
+    return value
+
+
+StorableObject = Annotated[dict[str, Any], AfterValidator(_storable_object)]
+"""A client's JSON object for a JSONB column: no NUL or lone surrogate in any key
+or string (PostgreSQL would refuse the row), a 422 naming where."""
 
 MediaKind = Literal["image", "audio", "video", "file"]
 
