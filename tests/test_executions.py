@@ -485,11 +485,6 @@ async def test_worker_killed_while_pausing(
     await asyncio.to_thread(cluster.wait_ready, replacement)
 
 
-@pytest.mark.xfail(
-    reason="known bug (#14, open): run after the other kill tests, the resumed turn is "
-    "sometimes not taken by any worker within 60 s; passes alone",
-    strict=False,
-)
 async def test_worker_killed_while_resuming(
     cluster: EngineProcesses, api: Api, sessions: Any
 ) -> None:

@@ -105,6 +105,9 @@ class TurnRunner(Protocol):
     def emitter(self) -> _TaskName: ...
     @property
     def streaming(self) -> bool: ...
+
+    pause_pending: bool
+
     @property
     def execution(self) -> ExecutionRun | None: ...
     async def _snapshot(self, reason: str, *, advance: bool = True) -> None: ...
@@ -216,10 +219,17 @@ def interrupt_for_pause(runner: TurnRunner) -> None:
     the boundary check parks the turn.
 
     ``streaming`` is set and cleared with no await between it and the stream, so
-    the cancellation lands inside the model call.
+    the cancellation lands inside the model call. A request that arrives
+    between two calls is kept (``pause_pending``): the boundary check before
+    the next call may have read the pause key before the gateway set it, and
+    that call would otherwise stream whole before the turn parks.
     """
-    if runner.execution is not None and runner.streaming:
+    if runner.execution is None:
+        return
+    if runner.streaming:
         runner.stop.request("pause")
+    else:
+        runner.pause_pending = True
 
 
 async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:

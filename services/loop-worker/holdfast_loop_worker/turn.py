@@ -216,6 +216,9 @@ class TurnRunner:
         self.execution: executions.ExecutionRun | None = None
         # Inside a model call's stream (_call).
         self.streaming = False
+        # A pause published while no model call streamed: the next call is cut
+        # as it starts (the boundary check before it may have run already).
+        self.pause_pending = False
 
     @property
     def _brain(self) -> Brain:
@@ -446,6 +449,8 @@ class TurnRunner:
         )
         # A pause may cut a model call short (executions.interrupt_for_pause).
         self.streaming = True
+        if self.pause_pending:
+            self.stop.request("pause")
         try:
             result = await self._model_call(stream)
         finally:
