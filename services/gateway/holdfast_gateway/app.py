@@ -23,6 +23,7 @@ from holdfast_gateway.bodylimit import BodyLimit
 from holdfast_gateway.deps import JsonBody
 from holdfast_gateway.fanout import Hub
 from holdfast_gateway.fanout_cluster import ClusterHub
+from holdfast_gateway.fastlane import ReplayFastLane
 from holdfast_gateway.routes import (
     agents,
     assets,
@@ -110,6 +111,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # Outside the body limit: it takes only requests without a body (fastlane.py).
+    app.add_middleware(ReplayFastLane)
     openapi.install(app, docs=settings.docs_enabled)
     # Each route documents the errors it can answer (errors.responses); these
     # two routers are included with theirs.

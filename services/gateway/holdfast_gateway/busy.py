@@ -37,11 +37,11 @@ from holdfast_shared.jobs import TurnJob
 from holdfast_shared.tasks import TaskRef, find_task
 from holdfast_shared.turnqueue import PENDING_BY_MODE, count_pending, start_next
 from sqlalchemy import func, select
-from sse_starlette import EventSourceResponse
 
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.limits import check_waiting_turn
 from holdfast_gateway.sse import event_frames, frame, sse_response
+from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.turns import StartedTurn, start_turn
 
@@ -283,7 +283,7 @@ async def respond(
     model: str | None,
     media: list[dict[str, Any]],
     user_id: str,
-) -> EventSourceResponse:
+) -> SseResponse:
     """``POST /execute`` with an ``on_busy`` other than ``reject``: the SSE
     response of the turn the message starts or joins (``X-Turn-Id``: the
     message's turn id, which a steer's ``user_message`` names)."""

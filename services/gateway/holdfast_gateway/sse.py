@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Iterable
 
 from holdfast_shared.eventlog import EventLog, LoggedEvent
 from holdfast_shared.events import ends_turn, heartbeat_json
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
 from holdfast_gateway.fanout import Hub
-from holdfast_gateway.slowreader import Guard, GuardedResponse, guarded
+from holdfast_gateway.sseresponse import SseResponse
 
 
 def frame(event: LoggedEvent) -> str:
@@ -27,6 +27,8 @@ def frame(event: LoggedEvent) -> str:
 
 class _Progress:
     """What one stream has sent so far and whether it is finished."""
+
+    __slots__ = ("_stop_turn", "done", "last")
 
     def __init__(self, after_seq: int, stop_turn: str | None) -> None:
         self.last = after_seq
@@ -67,6 +69,7 @@ async def event_frames(
             yield chunk
         if progress.done or stop_turn is None:
             return
+        chunk = ""  # the last one is not held while the stream idles
         while not progress.done:
             batch = await sub.queue.get()
             if batch is None:
@@ -98,22 +101,16 @@ def sse_response(
     task_id: str,
     heartbeat_seconds: float,
     headers: dict[str, str] | None = None,
-) -> EventSourceResponse:
+) -> SseResponse:
     def heartbeat() -> ServerSentEvent:
         return ServerSentEvent(
             event="heartbeat", data=heartbeat_json(task_id, int(time.time() * 1000))
         )
 
-    async def as_bytes() -> AsyncIterator[bytes]:
-        async for chunk in frames:
-            yield chunk.encode()
-
     # A reader too slow for its stream is dropped, not buffered for (slowreader.py).
-    guard = Guard()
-    return GuardedResponse(
-        guarded(guard, as_bytes()),
-        guard=guard,
-        ping=heartbeat_seconds,
-        ping_message_factory=heartbeat,
+    return SseResponse(
+        frames,
+        ping_seconds=heartbeat_seconds,
+        ping=heartbeat,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
     )

@@ -23,7 +23,6 @@ from holdfast_shared.memory.brain import USER_ID_PATTERN
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
 from holdfast_shared.turnqueue import BusyMode
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sse_starlette import EventSourceResponse
 
 from holdfast_gateway import busy, errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
@@ -31,6 +30,7 @@ from holdfast_gateway.errors import ApiError
 from holdfast_gateway.forks import ForkRequest, invalid_field
 from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.sse import event_frames, frame, sse_response
+from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.turns import start_turn
 
 router = APIRouter()
@@ -204,7 +204,7 @@ _TURN_HEADERS = {
 
 @router.post(
     "/execute",
-    response_class=EventSourceResponse,
+    response_class=SseResponse,
     dependencies=[JsonBody],
     responses={
         200: {
@@ -219,7 +219,7 @@ _TURN_HEADERS = {
 )
 async def execute(
     state: StateDep, tenant: TenantDep, request: Annotated[ExecuteRequest, Body()]
-) -> EventSourceResponse:
+) -> SseResponse:
     fork = _fork_request(request)
     # An unknown agent (or another tenant's) is a 404 before anything is written.
     agent = await require_agent(state, tenant, request.agent)

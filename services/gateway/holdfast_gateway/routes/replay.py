@@ -11,13 +11,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Security
 from holdfast_shared.ids import ID_PATTERN
-from sse_starlette import EventSourceResponse
 
 from holdfast_gateway import errors
 from holdfast_gateway.deps import StateDep, engine_key
 from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.routes.auth import replay_task
 from holdfast_gateway.sse import event_frames, sse_response
+from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.streamtokens import MAX_TOKEN_CHARS
 
 router = APIRouter()
@@ -29,7 +29,7 @@ MAX_CURSOR = 10**18 - 1
 
 @router.get(
     "/execute/replay",
-    response_class=EventSourceResponse,
+    response_class=SseResponse,
     responses={
         200: {"description": "the events after the cursor", "content": SSE_CONTENT},
         **errors.responses(*errors.AUTHENTICATED, 403, 404),
@@ -62,7 +62,7 @@ async def replay(
         ),
     ] = None,
     x_engine_key: Annotated[str | None, Security(engine_key)] = None,
-) -> EventSourceResponse:
+) -> SseResponse:
     task = await replay_task(request, state, task_id, token=token, key=x_engine_key)
     cursor = await _cursor(state, task.id, after, after_seq, last_event_id)
     running = await state.lock.holder(task.id)
