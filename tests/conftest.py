@@ -87,7 +87,7 @@ def engine_env(redis_url: str, database_url: str, prefix: str, **extra: str) -> 
         HOLDFAST_HEARTBEAT_SECONDS="1",
         HOLDFAST_ARCHIVE_INTERVAL_SECONDS="0.1",
         HOLDFAST_MODEL="scripted",
-        HOLDFAST_LOG_LEVEL="WARNING",
+        HOLDFAST_LOG_LEVEL=os.environ.get("HOLDFAST_TEST_ENGINE_LOG_LEVEL", "WARNING"),
     )
     env.update(extra)
     return env
