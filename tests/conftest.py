@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,11 +15,10 @@ from holdfast_shared.redisconn import connect
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast.testing import add_api_key, create_database, delete_keys, drop_database
+from holdfast.testing import create_database, delete_keys, drop_database
+from tests.isolation import RUN_ID, session_keys
 from tests.processes import EngineProcesses, engine_from_env
 from tests.servers import postgres_server, redis_server
-
-RUN_ID = secrets.token_hex(4)
 
 
 @pytest.fixture(scope="session")
@@ -60,16 +58,10 @@ def database_url(postgres_url: str) -> Iterator[str]:
         drop_database(postgres_url, name)
 
 
-API_KEY = f"hf_test_{secrets.token_hex(16)}"
-OTHER_KEY = f"hf_other_{secrets.token_hex(16)}"
-
-
 @pytest.fixture(scope="session")
 def api_keys(database_url: str) -> dict[str, str]:
     """Keys of two tenants: ``main`` and ``other``."""
-    add_api_key(database_url, "tenant-main", API_KEY)
-    add_api_key(database_url, "tenant-other", OTHER_KEY)
-    return {"main": API_KEY, "other": OTHER_KEY}
+    return session_keys(database_url)
 
 
 # One Asset Directory key for every engine of the session: engines on the same

@@ -34,6 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.oauth_stand_in import ProtectedNotes
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute

@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import Received, execute
 from tests.taskids import engine_task_id

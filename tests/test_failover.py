@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from holdfast.testing import Process
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, running_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

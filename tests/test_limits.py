@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from holdfast.testing.database import add_api_key
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import Received, execute
 

@@ -21,6 +21,7 @@ from holdfast_shared.tasks import find_task
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, engine_from_env
 from tests.providers import fake_anthropic, fake_gemini, fake_openai
 from tests.providers.wire import WireServer

@@ -27,6 +27,7 @@ from holdfast.supervisor import _banner, _Child
 from holdfast.testing import Process
 from holdfast.testing.processes import Kind
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, free_port, running_engine
 from tests.sse_client import execute
 from tests.taskids import engine_task_id

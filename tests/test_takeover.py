@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from sqlalchemy import select, update
 
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
 

@@ -41,6 +41,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from holdfast.testing.processes import Kind
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
 

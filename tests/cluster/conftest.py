@@ -4,7 +4,8 @@ Overriding ``redis_url`` (and the client built from it) here points every engine
 these tests start at a cluster of three masters and three replicas: the harness
 (``holdfast.testing.environment``) sees a cluster node and runs the engine with
 ``HOLDFAST_REDIS_CLUSTER=true``. Tests of the other modules are reused by importing
-them (and their module fixtures) into this directory's modules.
+them (and their module fixtures) into this directory's modules. Each module has a
+database of its own (tests/isolation.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from redis.asyncio import Redis
 
 from holdfast.testing.cluster import RedisClusterServers
 from tests.conftest import engine_env
+from tests.isolation import own_api_keys, own_database_url
 from tests.processes import EngineProcesses, running_engine
+
+__all__ = ["own_api_keys", "own_database_url"]
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +44,7 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine(
     redis_url: str,
     database_url: str,
@@ -49,7 +53,8 @@ def engine(
     workspace_root: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
-    """The suite's session engine on the cluster, without the learning service: its arq
+    """The suite's engine on the cluster, one per module on the module's own database
+    (tests/isolation.py), without the learning service: its arq
     scheduler needs one Redis server (docs/reliability.md, "Redis Cluster")."""
     env = engine_env(
         redis_url, database_url, f"{redis_prefix}cl:", HOLDFAST_WORKSPACE_ROOT=str(workspace_root)
