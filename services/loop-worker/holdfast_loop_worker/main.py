@@ -218,7 +218,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             background.start(
                 every(
                     settings.lease_seconds,
-                    lambda: requeue_stale(sessions, redis, keys, ctx.lock, settings.lease_seconds),
+                    lambda: requeue_stale(
+                        sessions, redis, keys, ctx.lock, eventlog, settings.lease_seconds
+                    ),
                     what="the stale-turn sweep",
                     wait_first=True,
                 ),

@@ -13,12 +13,14 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from holdfast_shared.db.models import EventRecord, Task, Turn
+from holdfast_shared.eventlog import EventLog
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
 from holdfast_shared.observability import metrics
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
-from sqlalchemy import delete, or_, select, update
+from redis.exceptions import RedisError
+from sqlalchemy import ColumnElement, and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ async def requeue_stale(
     redis: Redis,
     keys: Keys,
     lock: TurnLock,
+    eventlog: EventLog,
     lease_seconds: int,
 ) -> int:
     """Queue unfinished turns that nobody has held for a while.
@@ -75,24 +78,8 @@ async def requeue_stale(
     """
     now = datetime.now(UTC)
     stale = now - timedelta(seconds=2 * lease_seconds)
-    announced = (
-        select(EventRecord.seq)
-        .where(EventRecord.task_id == Turn.task_id, EventRecord.turn_id == Turn.id)
-        .exists()
-    )
+    abandoned = await _remove_unaccepted(sessions, eventlog, stale)
     async with sessions.begin() as session:
-        abandoned = (
-            await session.execute(
-                delete(Turn)
-                .where(
-                    Turn.status == "queued",
-                    Turn.lease_until.is_(None),
-                    Turn.created_at < stale,
-                    ~announced,
-                )
-                .returning(Turn.task_id, Turn.id)
-            )
-        ).all()
         rows = (
             await session.execute(
                 update(Turn)
@@ -128,3 +115,58 @@ async def requeue_stale(
         log.warning("queued %d stale turn(s) again", len(rows))
         metrics.TURNS_REQUEUED.labels("stale").inc(len(rows))
     return len(rows)
+
+
+async def _remove_unaccepted(
+    sessions: async_sessionmaker[AsyncSession], eventlog: EventLog, stale: datetime
+) -> list[tuple[str, str]]:
+    """Delete the queued turns older than ``stale`` that no worker ever held
+    and whose ``started`` event is nowhere; returns their (task, turn) ids.
+
+    The archive alone does not say a turn was never accepted: its ``started``
+    event may still be only in Redis (a full restart, a Redis that was down,
+    or a slow archiver leaves the archive seconds behind), and its client is
+    then waiting on it. So the candidates' tasks are archived first; one whose
+    log cannot be read now is left for the next pass.
+    """
+
+    def unaccepted() -> ColumnElement[bool]:
+        announced = (
+            select(EventRecord.seq)
+            .where(EventRecord.task_id == Turn.task_id, EventRecord.turn_id == Turn.id)
+            .exists()
+        )
+        return and_(
+            Turn.status == "queued",
+            Turn.lease_until.is_(None),
+            Turn.created_at < stale,
+            ~announced,
+        )
+
+    async with sessions() as session:
+        query = select(Turn.task_id, Turn.id).where(unaccepted())
+        candidates = (await session.execute(query)).all()
+    if not candidates:
+        return []
+    archived: list[str] = []
+    for task_id in {task_id for task_id, _turn in candidates}:
+        try:
+            await eventlog.archive_now(task_id)
+        except RedisError as exc:
+            log.warning("task %s: its log cannot be archived now (%s); judged later", task_id, exc)
+            continue
+        archived.append(task_id)
+    if not archived:
+        return []
+    async with sessions.begin() as session:
+        removed = (
+            await session.execute(
+                delete(Turn)
+                .where(
+                    unaccepted(),
+                    Turn.id.in_([turn for task, turn in candidates if task in archived]),
+                )
+                .returning(Turn.task_id, Turn.id)
+            )
+        ).all()
+    return [(task_id, turn_id) for task_id, turn_id in removed]
