@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".holdfast")
 
+    # The event loop of the services (holdfast_shared.runtime): uvloop where it is
+    # installed ("auto"), or the standard library's ("asyncio").
+    event_loop: Literal["auto", "asyncio"] = "auto"
+
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None

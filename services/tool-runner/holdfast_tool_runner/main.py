@@ -26,7 +26,7 @@ import os
 import signal
 import socket
 
-from holdfast_shared import runners
+from holdfast_shared import runners, runtime
 from holdfast_shared.assets import Vault, VaultError, vault_from_settings
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
@@ -201,4 +201,4 @@ def main() -> None:
     # Their request lines name MCP servers' URLs, which may carry a key.
     for noisy in ("httpx", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
-    asyncio.run(serve(settings))
+    runtime.run(serve(settings), settings.event_loop)
