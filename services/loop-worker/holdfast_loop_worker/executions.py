@@ -70,6 +70,8 @@ class _Context(Protocol):
     @property
     def sessions(self) -> async_sessionmaker[AsyncSession]: ...
     @property
+    def reads(self) -> async_sessionmaker[AsyncSession]: ...
+    @property
     def redis(self) -> Redis: ...
     @property
     def keys(self) -> Keys: ...
@@ -133,7 +135,7 @@ class ExecutionRun:
 
     @classmethod
     async def load(cls, runner: TurnRunner) -> ExecutionRun | None:
-        async with runner.ctx.sessions() as session:
+        async with runner.ctx.reads() as session:
             row = await executions.of_task(session, runner.job.task_id)
         if row is None or row.turn_id != runner.job.turn_id:
             return None  # not an execution, or another turn of its task

@@ -30,10 +30,10 @@ import os
 import signal
 import socket
 
-from holdfast_shared import workers
+from holdfast_shared import runtime, workers
 from holdfast_shared.agents import builtin_agents
 from holdfast_shared.background import Background, every
-from holdfast_shared.db import create_engine, session_factory
+from holdfast_shared.db import create_engine, read_session_factory, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
 from holdfast_shared.memory import embedders
@@ -103,6 +103,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     # Turns hold a connection only for short writes; a small pool serves many.
     engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency // 8 + 2))
     sessions = session_factory(engine)
+    # The per-turn look-ups (turn row, snapshot, steers, history, memories).
+    reads = read_session_factory(engine)
     keys = Keys(settings.redis_prefix)
     eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active)
     inbox = Inbox(redis, keys, worker_id)
@@ -117,18 +119,22 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             Searcher(index),
             budget_tokens=settings.memory_context_tokens,
             index=index,
+            reads=reads,
         ),
         WorkingMemoryStore(redis, keys, ttl_seconds=settings.working_memory_ttl),
         context_settings,
+        reads=reads,
     )
     ctx = TurnContext(
         sessions=sessions,
+        reads=reads,
         redis=redis,
         keys=keys,
         eventlog=eventlog,
         providers=providers,
         snapshots=Snapshots(
             sessions,
+            reads=reads,
             active_ttl_seconds=settings.channel_state_ttl_active,
             hitl_ttl_seconds=settings.channel_state_ttl_hitl,
         ),
@@ -253,4 +259,4 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 def main() -> None:
     settings = get_settings()
     setup_process(settings, "loop-worker")
-    asyncio.run(serve(settings))
+    runtime.run(serve(settings), settings.event_loop)

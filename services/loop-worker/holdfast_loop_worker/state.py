@@ -80,8 +80,10 @@ class Snapshots:
         *,
         active_ttl_seconds: int,
         hitl_ttl_seconds: int,
+        reads: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self.sessions = sessions
+        self.reads = reads or sessions
         self.active_ttl = timedelta(seconds=active_ttl_seconds)
         self.hitl_ttl = timedelta(seconds=hitl_ttl_seconds)
 
@@ -118,7 +120,7 @@ class Snapshots:
 
     async def latest(self, turn_id: str) -> TurnState | None:
         """The turn's newest snapshot that has not expired, if any."""
-        async with self.sessions() as session:
+        async with self.reads() as session:
             row = await session.scalar(
                 select(ChannelStateSnapshot.state)
                 .where(

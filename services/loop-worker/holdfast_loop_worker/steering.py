@@ -73,6 +73,7 @@ def taken_in(steers: list[Steer]) -> Delete:
 
 async def start_following(
     sessions: async_sessionmaker[AsyncSession],
+    reads: async_sessionmaker[AsyncSession],
     redis: Redis,
     keys: Keys,
     lock: TurnLock,
@@ -85,6 +86,11 @@ async def start_following(
     sweep (:func:`holdfast_shared.turnqueue.promote_stranded`) starts it.
     """
     try:
+        # Most turns end with nothing waiting: one autocommit look-up says so,
+        # where start_next's transaction takes four round trips to.
+        async with reads() as session:
+            if not await pending_ids(session, task_id):
+                return
         await start_next(sessions, redis, keys, lock, eventlog, task_id)
     except Exception:
         log.exception("could not start the next waiting message of task %s", task_id)

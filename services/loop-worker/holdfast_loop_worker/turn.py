@@ -119,6 +119,8 @@ class TurnContext:
     """What every turn needs; built once per worker process."""
 
     sessions: async_sessionmaker[AsyncSession]
+    # Autocommit sessions for look-ups alone (holdfast_shared.db.read_session_factory).
+    reads: async_sessionmaker[AsyncSession]
     redis: Redis
     keys: Keys
     eventlog: EventLog
@@ -762,7 +764,7 @@ class TurnRunner:
     async def _take_steers(self) -> None:
         """Messages sent with ``on_busy: "steer"`` become this turn's (steering.py):
         logged, then stored with the step's snapshot."""
-        steers = await pending_steers(self.ctx.sessions, self.job.task_id)
+        steers = await pending_steers(self.ctx.reads, self.job.task_id)
         if not steers:
             return
         for steer in steers:
@@ -852,7 +854,7 @@ class TurnRunner:
         # The task is free: a message that waited for this turn starts now.
         ctx = self.ctx
         await start_following(
-            ctx.sessions, ctx.redis, ctx.keys, ctx.lock, ctx.eventlog, self.job.task_id
+            ctx.sessions, ctx.reads, ctx.redis, ctx.keys, ctx.lock, ctx.eventlog, self.job.task_id
         )
 
     def _ending(self, status: str, stop_reason: str | None, last: list[Any]) -> TurnEnding:
@@ -952,7 +954,7 @@ class TurnRunner:
         return row.status != "queued" and age > self.ctx.snapshots.active_ttl
 
     async def _load_turn(self) -> Turn | None:
-        async with self.ctx.sessions() as session:
+        async with self.ctx.reads() as session:
             found = (
                 await session.execute(
                     select(Turn, Task.name, Task.working_memory, Task.token_calibration)

@@ -1,6 +1,11 @@
 """PostgreSQL: models, engine factory and migrations."""
 
-from holdfast_shared.db.engine import create_engine, session_factory, to_async_url
+from holdfast_shared.db.engine import (
+    create_engine,
+    read_session_factory,
+    session_factory,
+    to_async_url,
+)
 from holdfast_shared.db.migrate import upgrade_head
 from holdfast_shared.db.models import (
     ApiKey,
@@ -23,6 +28,7 @@ __all__ = [
     "Tenant",
     "Turn",
     "create_engine",
+    "read_session_factory",
     "session_factory",
     "to_async_url",
     "upgrade_head",

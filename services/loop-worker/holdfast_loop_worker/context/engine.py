@@ -103,8 +103,11 @@ class ContextEngine:
         memory: MemorySource,
         working: WorkingMemoryStore,
         settings: ContextSettings,
+        reads: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self.sessions = sessions
+        # Look-ups: autocommit sessions (holdfast_shared.db.read_session_factory).
+        self.reads = reads or sessions
         self.providers = providers
         self.memory = memory
         self.working = working
@@ -174,7 +177,7 @@ class ContextEngine:
     ) -> Assembled:
         """The request for the turn's next model call, compacted first when it
         would pass the threshold (or, ``harder``, in any case and further)."""
-        async with self.sessions() as session:
+        async with self.reads() as session:
             history = await load_history(
                 session, scope.task_id, cutoff=(scope.turn_id, scope.position)
             )

@@ -102,8 +102,11 @@ class BrainMemory:
         budget_tokens: int,
         per_kind: int = 6,
         index: MemoryIndex | None = None,
+        reads: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self.sessions = sessions
+        # Look-ups: autocommit sessions (holdfast_shared.db.read_session_factory).
+        self.reads = reads or sessions
         self.searcher = searcher
         self.index = index
         self.budget_tokens = budget_tokens
@@ -121,7 +124,7 @@ class BrainMemory:
         if cached is not None and (query is None or cached.query == query):
             self._turns.move_to_end(turn_id)
             return cached
-        async with self.sessions() as session:
+        async with self.reads() as session:
             soul = await current_soul(session, brain)
             hits = (
                 await self.searcher.search(
