@@ -25,6 +25,9 @@ _LAPSE_MARGIN_SECONDS = 0.05
 
 
 class Leases:
+    """Every change here is one UPDATE: ``sessions`` may be autocommit ones
+    (holdfast_shared.db.autocommit_session_factory), a round trip each."""
+
     def __init__(
         self, sessions: async_sessionmaker[AsyncSession], owner: str, *, lease_seconds: int
     ) -> None:

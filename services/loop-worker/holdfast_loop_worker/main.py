@@ -33,7 +33,7 @@ import socket
 from holdfast_shared import runtime, workers
 from holdfast_shared.agents import builtin_agents
 from holdfast_shared.background import Background, every
-from holdfast_shared.db import create_engine, read_session_factory, session_factory
+from holdfast_shared.db import autocommit_session_factory, create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
 from holdfast_shared.memory import embedders
@@ -103,13 +103,14 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     # Turns hold a connection only for short writes; a small pool serves many.
     engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency // 8 + 2))
     sessions = session_factory(engine)
-    # The per-turn look-ups (turn row, snapshot, steers, history, memories).
-    reads = read_session_factory(engine)
+    # The per-turn look-ups (turn row, snapshot, steers, history, memories)
+    # and the leases' one-statement updates.
+    reads = autocommit_session_factory(engine)
     keys = Keys(settings.redis_prefix)
     eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active)
     inbox = Inbox(redis, keys, worker_id)
     human = HumanChannel(sessions, ttl_seconds=settings.channel_state_ttl_hitl)
-    leases = Leases(sessions, worker_id, lease_seconds=settings.lease_seconds)
+    leases = Leases(reads, worker_id, lease_seconds=settings.lease_seconds)
     index = await open_index(engine, embedder)
     context = ContextEngine(
         sessions,

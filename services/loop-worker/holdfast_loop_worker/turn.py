@@ -119,7 +119,7 @@ class TurnContext:
     """What every turn needs; built once per worker process."""
 
     sessions: async_sessionmaker[AsyncSession]
-    # Autocommit sessions for look-ups alone (holdfast_shared.db.read_session_factory).
+    # Autocommit sessions for look-ups alone (holdfast_shared.db.autocommit_session_factory).
     reads: async_sessionmaker[AsyncSession]
     redis: Redis
     keys: Keys

@@ -1,8 +1,8 @@
 """PostgreSQL: models, engine factory and migrations."""
 
 from holdfast_shared.db.engine import (
+    autocommit_session_factory,
     create_engine,
-    read_session_factory,
     session_factory,
     to_async_url,
 )
@@ -27,8 +27,8 @@ __all__ = [
     "Task",
     "Tenant",
     "Turn",
+    "autocommit_session_factory",
     "create_engine",
-    "read_session_factory",
     "session_factory",
     "to_async_url",
     "upgrade_head",

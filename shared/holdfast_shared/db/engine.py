@@ -77,12 +77,13 @@ def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
-def read_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """Sessions for reads alone, on the same pool: in autocommit, each statement
-    is its own round trip, with no BEGIN before it and no ROLLBACK after the
-    session (two round trips a session saves). A transaction at READ COMMITTED
-    gives each statement a snapshot of its own anyway, so the reads see the
-    same; never write through one (each statement would commit alone)."""
+def autocommit_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions in autocommit, on the same pool: each statement is its own round
+    trip and its own transaction, with no BEGIN before it and no COMMIT or
+    ROLLBACK after (two round trips a session saves). For look-ups (a
+    transaction at READ COMMITTED gives each statement a snapshot of its own
+    anyway, so they see the same) and for writes of ONE statement, atomic
+    alone; never for writes that must commit together."""
     return async_sessionmaker(
         engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
     )

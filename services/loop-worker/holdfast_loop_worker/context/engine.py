@@ -106,7 +106,7 @@ class ContextEngine:
         reads: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self.sessions = sessions
-        # Look-ups: autocommit sessions (holdfast_shared.db.read_session_factory).
+        # Look-ups: autocommit sessions (holdfast_shared.db.autocommit_session_factory).
         self.reads = reads or sessions
         self.providers = providers
         self.memory = memory

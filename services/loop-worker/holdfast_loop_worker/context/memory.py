@@ -105,7 +105,7 @@ class BrainMemory:
         reads: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self.sessions = sessions
-        # Look-ups: autocommit sessions (holdfast_shared.db.read_session_factory).
+        # Look-ups: autocommit sessions (holdfast_shared.db.autocommit_session_factory).
         self.reads = reads or sessions
         self.searcher = searcher
         self.index = index
