@@ -19,7 +19,6 @@ from holdfast_shared.keys import Keys
 from holdfast_shared.observability import metrics
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from sqlalchemy import ColumnElement, and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -127,7 +126,7 @@ async def _remove_unaccepted(
     event may still be only in Redis (a full restart, a Redis that was down,
     or a slow archiver leaves the archive seconds behind), and its client is
     then waiting on it. So the candidates' tasks are archived first; one whose
-    log cannot be read now is left for the next pass.
+    log cannot be archived now (Redis unreachable, say) is left for the next pass.
     """
 
     def unaccepted() -> ColumnElement[bool]:
@@ -152,8 +151,10 @@ async def _remove_unaccepted(
     for task_id in {task_id for task_id, _turn in candidates}:
         try:
             await eventlog.archive_now(task_id)
-        except RedisError as exc:
-            log.warning("task %s: its log cannot be archived now (%s); judged later", task_id, exc)
+        except Exception:  # one task's log must not hold up the sweep of every other turn
+            log.warning(
+                "task %s: its log cannot be archived now; judged later", task_id, exc_info=True
+            )
             continue
         archived.append(task_id)
     if not archived:
