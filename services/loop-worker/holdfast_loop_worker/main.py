@@ -100,8 +100,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     redis = connect(redis_url)
-    # Turns hold a connection only for short writes; a small pool serves many.
-    engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency // 8 + 2))
+    # Turns hold a connection only for short writes, so 8 (plus as many in
+    # overflow) serve a hundred slots. Below that the pool keeps one per slot
+    # and two for the archiver and the sweeps: a connection opened past the
+    # pool is closed when it is returned, and at 4 slots a smaller pool opened
+    # more than one PostgreSQL connection a turn (a backend forked each time).
+    engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency + 2))
     sessions = session_factory(engine)
     # The per-turn look-ups (turn row, snapshot, steers, history, memories)
     # and the leases' one-statement updates.
