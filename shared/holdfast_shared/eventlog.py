@@ -31,8 +31,8 @@ from typing import Any, NoReturn
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
-from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.sql.dml import UpdateBase
 
@@ -537,9 +537,11 @@ class EventLog:
 
     async def _write(self, rows: list[dict[str, Any]], also: Also | None) -> None:
         """Events ``rows`` and what ``also`` writes, atomically."""
-        if isinstance(also, Writes):
-            first = [insert(EventRecord).values(rows).on_conflict_do_nothing()] if rows else []
-            statements = [*first, *also.statements]
+        if also is None or isinstance(also, Writes):
+            # One multi-row INSERT, atomic alone: where a transaction took BEGIN,
+            # a statement per row (executemany) and COMMIT.
+            first = [events_insert(rows)] if rows else []
+            statements = [*first, *(also.statements if also is not None else ())]
             if statements:
                 await execute_at_once(self.sessions.kw["bind"], one_statement(statements))
             return
@@ -547,8 +549,7 @@ class EventLog:
             if rows:
                 # executemany form: one cached statement, batched by the driver.
                 await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows)
-            if also is not None:
-                await also(session)
+            await also(session)
 
     async def archive_now(self, task_id: str, also: Also | None = None) -> int:
         """Archive the task's events right away (at a turn's snapshot boundary), and run
@@ -587,6 +588,36 @@ class Writes:
 
 
 Also = Callable[[AsyncSession], Awaitable[None]] | Writes
+
+
+_EVENT_COLUMNS = ("task_id", "seq", "turn_id", "type", "timestamp", "data")
+
+
+def events_insert(rows: Sequence[dict[str, Any]]) -> UpdateBase:
+    """``INSERT INTO events SELECT * FROM unnest(<one array per column>)``, idempotent.
+
+    The same SQL text for any number of rows, with six parameters: SQLAlchemy
+    compiles it once and psycopg can prepare it, where a multi-row VALUES is a
+    new statement (and a new cache entry) for every batch size.
+    """
+    table = EventRecord.__table__
+    arrays = (
+        func.unnest(
+            *(
+                bindparam(
+                    f"hf_events_{name}", [row[name] for row in rows], ARRAY(table.c[name].type)
+                )
+                for name in _EVENT_COLUMNS
+            )
+        )
+        .table_valued(*_EVENT_COLUMNS)
+        .render_derived("hf_events")
+    )
+    return (
+        insert(EventRecord)
+        .from_select(list(_EVENT_COLUMNS), select(*(arrays.c[name] for name in _EVENT_COLUMNS)))
+        .on_conflict_do_nothing()
+    )
 
 
 def one_statement(statements: Sequence[UpdateBase]) -> UpdateBase:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from holdfast_shared.db.models import Episode, Fact, TrajectoryRecord
+from holdfast_shared.db.models import Episode, Fact, HitlRequestRecord, TrajectoryRecord, Turn
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -186,6 +186,46 @@ async def test_every_ending_writes_a_trajectory_with_what_the_turn_did(
     assert record["usage"]["input_tokens"] > 0
     assert record["timings"]["active_ms"] >= 0 and record["outcome"]["status"] == "completed"
     assert bad.record["outcome"]["error"]["code"] == "LLM_PROVIDER_ERROR"
+
+
+async def test_a_turn_cancelled_while_asking_records_its_question_as_cancelled(
+    engine: EngineProcesses, api_keys: dict[str, str], sessions: Sessions
+) -> None:
+    """The turn's end closes its pending question in the same statement that stores
+    the trajectory, which must record the question as closed, not as it was read."""
+    url, key = engine.url, api_keys["main"]
+    headers = {"X-Engine-Key": key}
+    task = f"traj-ask-{secrets.token_hex(4)}"
+    ask = script(tool_calls=[{"name": "ask_user", "input": {"question": "Which one?"}}])
+    async with httpx.AsyncClient(timeout=30) as client:
+        turn = asyncio.create_task(execute(client, url, key, {"task_id": task, "message": ask}))
+        pending: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 15
+        while not pending and time.monotonic() < deadline:
+            got = await client.get(f"{url}/hitl/pending", headers=headers, params={"task_id": task})
+            pending = got.json()["pending"]
+            await asyncio.sleep(0.05)
+        assert pending, "the turn asked its question"
+        cancel = await client.post(f"{url}/execute/cancel", headers=headers, json={"task_id": task})
+        assert cancel.status_code == 200, cancel.text
+        ended = await turn
+    assert ended.events[-1]["stop_reason"] == "cancelled"
+    row = None
+    deadline = time.monotonic() + 10
+    while row is None and time.monotonic() < deadline:
+        async with sessions() as session:
+            row = await session.get(TrajectoryRecord, turn_id(ended))
+        await asyncio.sleep(0.05)
+    assert row is not None and row.outcome == "cancelled"
+    [question] = row.record["hitl"]
+    assert question["request_id"] == pending[0]["request_id"]
+    assert question["status"] == "cancelled" and question["answer"] is None
+    async with sessions() as session:
+        stored = await session.get(HitlRequestRecord, question["request_id"])
+        queued = await session.get(Turn, turn_id(ended))
+    assert stored is not None and stored.status == "cancelled"
+    assert queued is not None
+    assert row.record["timings"]["started_at"] == queued.created_at.isoformat()
 
 
 async def test_the_social_graph_and_the_soul_are_learned(

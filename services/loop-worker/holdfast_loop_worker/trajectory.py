@@ -1,6 +1,6 @@
 """A finished turn's trajectory: what the learning centre learns from.
 
-Written in the transaction that records the turn's end, so a turn that ended
+Written by the statement that records the turn's end, so a turn that ended
 has its trajectory (and one only: the row's id is the turn's id). The
 announcement on ``Keys.trajectories`` follows the commit; if the worker dies
 in between, the learning service's sweep finds the row still pending and
@@ -19,7 +19,6 @@ from holdfast_shared.db.models import (
     Message,
     ToolResultRecord,
     TrajectoryRecord,
-    Turn,
 )
 from holdfast_shared.jobs import TrajectoryReady
 from holdfast_shared.keys import Keys
@@ -28,6 +27,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import Insert
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,21 @@ class TurnEnding:
     error: dict[str, Any] | None
     usage: dict[str, int]
     active_ms: int
+    started_at: datetime | None  # the turn row's created_at
 
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-async def write_trajectory(session: AsyncSession, ending: TurnEnding) -> None:
-    """Store the turn's trajectory (nothing when it is stored already)."""
+async def trajectory_insert(session: AsyncSession, ending: TurnEnding) -> Insert:
+    """Read what the turn did; returns the statement that stores its trajectory
+    (which does nothing when it is stored already).
+
+    The turn's end closes its pending questions in the same statement as this
+    insert, which sees the rows as they were before it: they are recorded as
+    ``cancelled`` here.
+    """
     turn_id = ending.turn_id
     messages = (
         await session.execute(
@@ -90,9 +97,8 @@ async def write_trajectory(session: AsyncSession, ending: TurnEnding) -> None:
         .scalars()
         .all()
     )
-    started = await session.scalar(select(Turn.created_at).where(Turn.id == turn_id))
     finished = datetime.now(UTC)
-    started = started or finished
+    started = ending.started_at or finished
     record = {
         "version": VERSION,
         "task": {"id": ending.task_id, "name": ending.task_name},
@@ -120,7 +126,7 @@ async def write_trajectory(session: AsyncSession, ending: TurnEnding) -> None:
                 "request_id": q.request_id,
                 "kind": q.kind,
                 "question": q.question,
-                "status": q.status,
+                "status": "cancelled" if q.status == "pending" else q.status,
                 "answer": q.answer,
                 "feedback": q.feedback,
                 "asked_at": _iso(q.created_at),
@@ -141,7 +147,7 @@ async def write_trajectory(session: AsyncSession, ending: TurnEnding) -> None:
             "error": ending.error,
         },
     }
-    await session.execute(
+    return (
         insert(TrajectoryRecord)
         .values(
             id=turn_id,

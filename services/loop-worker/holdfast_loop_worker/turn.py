@@ -44,7 +44,7 @@ from holdfast_shared.agents import AgentDefinition, AgentNotFound, model_for, re
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
-from holdfast_shared.eventlog import EventLog, Writes, next_epoch
+from holdfast_shared.eventlog import EventLog, Writes, execute_at_once, next_epoch, one_statement
 from holdfast_shared.events import (
     TERMINAL_PHASES,
     ContentBlockStart,
@@ -109,7 +109,7 @@ from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
 from holdfast_loop_worker.steering import pending_steers, start_following, taken_in
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller, preview
-from holdfast_loop_worker.trajectory import TurnEnding, announce, write_trajectory
+from holdfast_loop_worker.trajectory import TurnEnding, announce, trajectory_insert
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,8 @@ class TurnRunner:
         self._started = time.monotonic()
         # The end user whose brain the turn reads and feeds ("" is the tenant's).
         self.user_id = ""
+        # When the turn was queued (its row's created_at), read when claimed.
+        self.queued_at: datetime | None = None
         # The execution this turn runs, if any (executions.py), read when claimed.
         self.execution: executions.ExecutionRun | None = None
         # Inside a model call's stream (_call).
@@ -254,6 +256,7 @@ class TurnRunner:
 
     async def _run_claimed(self, row: Turn) -> str:
         self.user_id = row.user_id
+        self.queued_at = row.created_at
         self.execution = await executions.ExecutionRun.load(self)
         snapshot = await self.ctx.snapshots.latest(self.job.turn_id)
         # A turn that never ran (its first job was lost) just starts.
@@ -814,40 +817,40 @@ class TurnRunner:
         if self.used_tools and self.ctx.tools is not None:
             # The watchdog: no process a tool started outlives its turn.
             await self.ctx.tools.turn_ended(self.job.tenant_id, self.job.task_id)
-        async with self.ctx.sessions.begin() as session:
-            await session.execute(
-                update(Turn)
-                .where(Turn.id == self.job.turn_id)
-                .values(
-                    status=status,
-                    stop_reason=stop_reason,
-                    finished_at=datetime.now(UTC),
-                    lease_owner=None,
-                    lease_until=None,
-                    # The totals GET /tasks/{task_id} sums, committed with the end.
-                    usage=dict(self.state.usage),
-                    active_ms=self._active_ms(),
-                )
-            )
+        ending = self._ending(status, stop_reason, last)
+        async with self.ctx.reads() as session:
+            trajectory = await trajectory_insert(session, ending)
+        # The turn's end is one statement, atomic alone: no BEGIN and COMMIT.
+        end = [
+            update(Turn)
+            .where(Turn.id == self.job.turn_id)
+            .values(
+                status=status,
+                stop_reason=stop_reason,
+                finished_at=datetime.now(UTC),
+                lease_owner=None,
+                lease_until=None,
+                # The totals GET /tasks/{task_id} sums, committed with the end.
+                usage=dict(self.state.usage),
+                active_ms=self._active_ms(),
+            ),
             # The task keeps what the context engine learned for its next turn.
-            await session.execute(
-                update(Task)
-                .where(Task.id == self.job.task_id)
-                .values(
-                    working_memory=self.state.working_memory,
-                    token_calibration=self.state.calibration,
-                )
-            )
+            update(Task)
+            .where(Task.id == self.job.task_id)
+            .values(
+                working_memory=self.state.working_memory,
+                token_calibration=self.state.calibration,
+            ),
             # A question nobody will read the answer to is closed with the turn.
-            await session.execute(
-                update(HitlRequestRecord)
-                .where(
-                    HitlRequestRecord.turn_id == self.job.turn_id,
-                    HitlRequestRecord.status == "pending",
-                )
-                .values(status="cancelled")
+            update(HitlRequestRecord)
+            .where(
+                HitlRequestRecord.turn_id == self.job.turn_id,
+                HitlRequestRecord.status == "pending",
             )
-            await write_trajectory(session, self._ending(status, stop_reason, last))
+            .values(status="cancelled"),
+            trajectory,
+        ]
+        await execute_at_once(self.ctx.sessions.kw["bind"], one_statement(end))
         await announce(self.ctx.redis, self.ctx.keys, self.job.tenant_id, self.job.turn_id)
         await self.ctx.redis.delete(self.ctx.keys.cancel(self.job.task_id))
         await executions.turn_ended(self, status, last)
@@ -872,6 +875,7 @@ class TurnRunner:
             error={"code": error.error, "message": error.message} if error else None,
             usage=dict(self.state.usage),
             active_ms=self.state.active_ms,
+            started_at=self.queued_at,
         )
 
     def _final_usage(self) -> list[Usage]:

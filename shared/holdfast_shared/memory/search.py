@@ -213,6 +213,8 @@ class _Row:
 
 async def _load(session: AsyncSession, brain: Brain, kind: Kind, ids: list[str]) -> dict[str, _Row]:
     """The rows behind ``ids`` (of ``brain`` only), rendered as hits."""
+    if not ids:
+        return {}  # nothing of this kind matched: no round trip
     if kind == "knowledge":
         facts = (
             await session.execute(
