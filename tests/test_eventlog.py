@@ -45,6 +45,18 @@ async def test_seq_and_timestamp_are_assigned_in_order(eventlog: EventLog) -> No
     assert parsed.timestamp == stamps[5]
 
 
+async def test_an_append_loads_its_script_again_after_redis_lost_it(eventlog: EventLog) -> None:
+    """Appends call the script by its SHA (no SCRIPT EXISTS per append); a Redis
+    restarted without it, or flushed, gets it again and the append goes through once."""
+    t = task()
+    await eventlog.append(t, "turn_a", [ThreadLifecycle(phase="started")], name=t, new_task=True)
+    await eventlog.redis.script_flush()
+    again = await eventlog.append(t, "turn_a", [TextDelta(text="x")], name=t)
+    assert again.first_seq == again.last_seq == 2
+    events = [e for page in [p async for p in eventlog.pages_after(t, 0)] for e in page]
+    assert [e.seq for e in events] == [1, 2]
+
+
 async def test_timestamp_cursor_maps_to_exact_seq(eventlog: EventLog) -> None:
     t = task()
     appended = await eventlog.append(

@@ -297,17 +297,27 @@ class EventLog:
         args = [name, turn_id or "", *head, *flat]
         if self._cluster is not None:
             return await self._call_append_cluster(self._cluster, keys, task_id, args)
+        try:
+            result, *rest = await self._append_pipeline(keys, task_id, args)
+        except NoScriptError:  # a restarted (or flushed) Redis: load it once, again
+            await self.redis.script_load(_APPEND)
+            result, *rest = await self._append_pipeline(keys, task_id, args)
+        self._check_replicas(result, rest)
+        return list(result)
+
+    async def _append_pipeline(self, keys: list[str], task_id: str, args: list[str]) -> list[Any]:
+        # EVALSHA, not the registered script: a pipeline holding a Script asks
+        # SCRIPT EXISTS before every execution, a round trip per append.
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self._append(keys=keys, args=args, client=pipe)
+            pipe.evalsha(self._append.sha, len(keys), *keys, *args)
             # Bumped after the append, so the archiver never clears a mark
-            # for an entry it has not seen (see Archiver.archive_task).
+            # for an entry it has not seen (see Archiver.archive_task). When the
+            # script was missing, the mark alone is harmless: nothing new to copy.
             pipe.zincrby(self.keys.archive_dirty, 1, task_id)
             if self.wait_replicas:
                 # Same connection as the append: WAIT counts the replicas that have it.
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            result, *rest = await pipe.execute()
-        self._check_replicas(result, rest)
-        return list(result)
+            return list(await pipe.execute())
 
     async def _call_append_cluster(
         self, cluster: ClusterClient, keys: list[str], task_id: str, args: list[str]
