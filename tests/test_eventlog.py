@@ -106,6 +106,48 @@ async def test_archive_then_expire_then_continue_from_postgres(
     assert await eventlog.seq_at_timestamp(t, cold_ts) == 5
 
 
+async def test_one_archiving_pass_copies_many_tasks_together(eventlog: EventLog, sessions) -> None:
+    """The background pass: 30 small tasks, one with three batches to copy, and one
+    another archiver holds (left alone, its dirty mark kept)."""
+    small = [task() for _ in range(30)]
+    big, held = task(), task()
+    for t in small:
+        bodies = [TextDelta(text=f"{t}.{i}") for i in range(5)]
+        await eventlog.append(t, "turn", bodies, name=t, new_task=True)
+    for chunk in range(3):
+        bodies = [TextDelta(text=f"big.{chunk}.{i}") for i in range(400)]
+        await eventlog.append(big, "turn", bodies, name=big, new_task=chunk == 0)
+    await eventlog.append(held, "turn", [TextDelta(text="h")], name=held, new_task=True)
+    await eventlog.redis.set(eventlog.keys.archiving(held), "1", px=30_000)
+
+    copied = await eventlog.archive_pending(limit=1000)
+
+    assert copied >= 30 * 5 + 1200  # the session's other dirty tasks may add to it
+    async with sessions() as session:
+        counts = dict(
+            (
+                await session.execute(
+                    select(EventRecord.task_id, func.count())
+                    .where(EventRecord.task_id.in_([*small, big, held]))
+                    .group_by(EventRecord.task_id)
+                )
+            ).all()
+        )
+    assert counts == {**{t: 5 for t in small}, big: 1200}
+    for t, last in [*((t, 5) for t in small), (big, 1200)]:
+        assert int(await eventlog.redis.get(eventlog.keys.archived(t))) == last
+        assert not await eventlog.redis.exists(eventlog.keys.archiving(t))
+        assert await eventlog.redis.zscore(eventlog.keys.archive_dirty, t) is None
+        assert 0 < await eventlog.redis.pttl(eventlog.keys.events(t)) <= eventlog.hot_ttl_ms
+    assert await eventlog.redis.zscore(eventlog.keys.archive_dirty, held) is not None
+    assert await eventlog.redis.get(eventlog.keys.archived(held)) is None
+
+    # The holder gone, the next pass takes it.
+    await eventlog.redis.delete(eventlog.keys.archiving(held))
+    assert await eventlog.archive_pending(limit=1000) >= 1
+    assert int(await eventlog.redis.get(eventlog.keys.archived(held))) == 1
+
+
 async def test_archiving_twice_writes_each_event_once(eventlog: EventLog, sessions) -> None:
     t = task()
     await eventlog.append(

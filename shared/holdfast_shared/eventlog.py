@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.sql.dml import UpdateBase
 
+from holdfast_shared.appendbatch import AppendBatcher, eval_many
 from holdfast_shared.background import every
 from holdfast_shared.db.models import EventRecord
 from holdfast_shared.errors import Superseded
@@ -209,6 +210,14 @@ class EventLog:
             )
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
+        self._batcher = AppendBatcher(
+            redis,
+            _APPEND,
+            self._append.sha,
+            keys.archive_dirty,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+        )
         self._mark_archived = redis.register_script(_MARK_ARCHIVED)
         self._claim_and_read = redis.register_script(_CLAIM_AND_READ)
         self._mark_and_release = redis.register_script(_MARK_AND_RELEASE)
@@ -297,27 +306,12 @@ class EventLog:
         args = [name, turn_id or "", *head, *flat]
         if self._cluster is not None:
             return await self._call_append_cluster(self._cluster, keys, task_id, args)
-        try:
-            result, *rest = await self._append_pipeline(keys, task_id, args)
-        except NoScriptError:  # a restarted (or flushed) Redis: load it once, again
-            await self.redis.script_load(_APPEND)
-            result, *rest = await self._append_pipeline(keys, task_id, args)
-        self._check_replicas(result, rest)
-        return list(result)
-
-    async def _append_pipeline(self, keys: list[str], task_id: str, args: list[str]) -> list[Any]:
-        # EVALSHA, not the registered script: a pipeline holding a Script asks
-        # SCRIPT EXISTS before every execution, a round trip per append.
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self._append.sha, len(keys), *keys, *args)
-            # Bumped after the append, so the archiver never clears a mark
-            # for an entry it has not seen (see Archiver.archive_task). When the
-            # script was missing, the mark alone is harmless: nothing new to copy.
-            pipe.zincrby(self.keys.archive_dirty, 1, task_id)
-            if self.wait_replicas:
-                # Same connection as the append: WAIT counts the replicas that have it.
-                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            return list(await pipe.execute())
+        # The append and its task's dirty mark, in a pipeline shared with the
+        # other turns' appends of this moment (appendbatch.py).
+        result, acked = await self._batcher.call(keys, task_id, args)
+        if acked is not None:
+            self._check_replicas(result, [acked])
+        return result
 
     async def _call_append_cluster(
         self, cluster: ClusterClient, keys: list[str], task_id: str, args: list[str]
@@ -520,17 +514,7 @@ class EventLog:
         copied = 0
         while True:
             last = len(entries) < _ARCHIVE_BATCH
-            rows = [
-                {
-                    "task_id": task_id,
-                    "seq": _seq_of(eid),
-                    "type": f["t"],
-                    "timestamp": int(f["ts"]),
-                    "data": f["d"],
-                    "turn_id": turn_of(f["d"]),
-                }
-                for eid, f in entries
-            ]
+            rows = _rows(task_id, entries)
             if rows or (last and also is not None):
                 await self._write(rows, also if last else None)
             if rows:
@@ -575,9 +559,75 @@ class EventLog:
     async def archive_pending(self, limit: int = 200) -> int:
         """One archiving pass over the tasks marked dirty; returns events copied."""
         dirty = await self.redis.zrange(self.keys.archive_dirty, 0, limit - 1, withscores=True)
-        copied = 0
-        for task_id, score in dirty:
-            copied += await self.archive_task(task_id, score)
+        if self._cluster is not None:
+            # A task's keys are in its own slot: one task at a time.
+            copied = 0
+            for task_id, score in dirty:
+                copied += await self.archive_task(task_id, score)
+            return copied
+        return await self._archive_together(dirty) if dirty else 0
+
+    async def _archive_together(self, dirty: list[tuple[str, float]]) -> int:
+        """:meth:`archive_task` for many tasks in four round trips, not four per task:
+        the claims and first batches in one pipeline, their events in one INSERT,
+        the marks and releases in one pipeline. A task with more than a batch
+        to copy goes on alone, holding its claim."""
+        claims = await eval_many(
+            self.redis,
+            _CLAIM_AND_READ,
+            self._claim_and_read.sha,
+            [
+                (
+                    [self.keys.archiving(t), self.keys.archived(t), self.keys.events(t)],
+                    [_ARCHIVE_CLAIM_MS, _ARCHIVE_BATCH],
+                )
+                for t, _ in dirty
+            ],
+        )
+        # Tasks another archiver holds are left to it, their marks too.
+        held = [(t, score, claim) for (t, score), claim in zip(dirty, claims, strict=True) if claim]
+        watermarks: dict[str, int] = {}
+        released = False
+        try:
+            rows: list[dict[str, Any]] = []
+            more: list[tuple[str, int, list[tuple[str, dict[str, str]]]]] = []
+            for task_id, _, claim in held:
+                watermark, entries = int(claim[0]), _entries(claim[1])
+                watermarks[task_id] = _seq_of(entries[-1][0]) if entries else watermark
+                if len(entries) < _ARCHIVE_BATCH:
+                    rows += _rows(task_id, entries)
+                else:
+                    more.append((task_id, watermark, entries))
+            for start in range(0, len(rows), _ARCHIVE_BATCH):
+                await execute_at_once(
+                    self.sessions.kw["bind"], events_insert(rows[start : start + _ARCHIVE_BATCH])
+                )
+            copied = len(rows)
+            for task_id, watermark, entries in more:
+                n, watermarks[task_id] = await self._copy(task_id, watermark, entries, None)
+                copied += n
+            await eval_many(
+                self.redis,
+                _MARK_AND_RELEASE,
+                self._mark_and_release.sha,
+                [
+                    (
+                        [self.keys.events(t), self.keys.archived(t), self.keys.archiving(t)],
+                        [watermarks[t], self.hot_ttl_ms],
+                    )
+                    for t, _, _ in held
+                ],
+            )
+            released = True
+        finally:
+            if not released and held:
+                await self.redis.delete(*(self.keys.archiving(t) for t, _, _ in held))
+        await eval_many(
+            self.redis,
+            _CLEAR_DIRTY,
+            self._clear_dirty.sha,
+            [([self.keys.archive_dirty], [t, score]) for t, score, _ in held],
+        )
         return copied
 
 
@@ -643,6 +693,21 @@ async def execute_at_once(engine: AsyncEngine, statement: UpdateBase) -> None:
     async with engine.connect() as connection:
         await connection.execution_options(isolation_level="AUTOCOMMIT")
         await connection.execute(statement)
+
+
+def _rows(task_id: str, entries: list[tuple[str, dict[str, str]]]) -> list[dict[str, Any]]:
+    """Stream entries as ``events`` rows."""
+    return [
+        {
+            "task_id": task_id,
+            "seq": _seq_of(eid),
+            "type": f["t"],
+            "timestamp": int(f["ts"]),
+            "data": f["d"],
+            "turn_id": turn_of(f["d"]),
+        }
+        for eid, f in entries
+    ]
 
 
 def _entries(raw: list[Any]) -> list[tuple[str, dict[str, str]]]:
