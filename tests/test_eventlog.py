@@ -141,6 +141,18 @@ async def test_one_archiving_pass_copies_many_tasks_together(eventlog: EventLog,
         assert 0 < await eventlog.redis.pttl(eventlog.keys.events(t)) <= eventlog.hot_ttl_ms
     assert await eventlog.redis.zscore(eventlog.keys.archive_dirty, held) is not None
     assert await eventlog.redis.get(eventlog.keys.archived(held)) is None
+    # What PostgreSQL keeps is the wire JSON byte for byte.
+    odd = task()
+    await eventlog.append(
+        odd, "turn", [TextDelta(text='é 😀 \\u0000 "q" \x01 \u2028')], name=odd, new_task=True
+    )
+    hot = [e.data for page in [p async for p in eventlog.pages_after(odd, 0)] for e in page]
+    await eventlog.archive_pending(limit=1000)
+    async with sessions() as session:
+        cold = (
+            await session.scalars(select(EventRecord.data).where(EventRecord.task_id == odd))
+        ).all()
+    assert cold == hot
 
     # The holder gone, the next pass takes it.
     await eventlog.redis.delete(eventlog.keys.archiving(held))
