@@ -21,10 +21,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
 from bench import scenarios
 from bench.context import Context, run_async
+from bench.live_raw import post_stream
 from bench.sse import StreamError
 from bench.table import Row
 
@@ -109,51 +108,48 @@ async def live_turns(url: str, key: str, turns: int, hold: float) -> Step:
     window = [math.inf, -math.inf]
     all_streaming = asyncio.Event()
 
-    async def one(client: httpx.AsyncClient, turn: _Turn) -> None:
+    async def one(turn: _Turn) -> None:
         released = False
+        clock = time.time
+
+        def on_body(chunk: bytes) -> bool:
+            nonlocal released
+            turn.feed(chunk, clock(), (window[0], window[1]))
+            if not released and turn.started:
+                released = True
+                gate.release()
+                if all(t.started for t in states):
+                    all_streaming.set()
+            return bool(turn.phase)
+
         await gate.acquire()
         try:
-            async with client.stream(
-                "POST", f"{url}/execute", headers={"X-Engine-Key": key}, json=body
-            ) as response:
-                if response.status_code != 200:
-                    raise StreamError(f"POST /execute: HTTP {response.status_code}")
-                clock = time.time
-                async for chunk in response.aiter_raw():
-                    turn.feed(chunk, clock(), (window[0], window[1]))
-                    if not released and turn.started:
-                        released = True
-                        gate.release()
-                        if all(t.started for t in states):
-                            all_streaming.set()
-                    if turn.phase:
-                        break
+            await post_stream(url, key, body, on_body)
         finally:
             if not released:
                 gate.release()
         if turn.phase != "completed":
             raise StreamError(f"a live turn ended {turn.phase or 'without its end'!r}")
 
-    async with scenarios.new_client(timeout=60) as client:
-        t0 = time.time()
-        runners = [asyncio.create_task(one(client, t)) for t in states]
-        try:
-            waiter = asyncio.create_task(all_streaming.wait())
-            done, _ = await asyncio.wait([waiter, *runners], return_when=asyncio.FIRST_COMPLETED)
-            if waiter not in done:
-                for r in done:
-                    r.result()  # a turn that failed while ramping
-                raise StreamError("a live turn ended before all had started")
-            ramp = time.time() - t0
-            window[0] = time.time() + 0.5
-            window[1] = window[0] + hold
-            await asyncio.sleep(hold + 0.5)
-        finally:
-            # The rest of each turn is not timed: stop reading (the turns run on,
-            # briefly, in the worker).
-            for r in runners:
-                r.cancel()
-            await asyncio.gather(*runners, return_exceptions=True)
+    t0 = time.time()
+    runners = [asyncio.create_task(one(t)) for t in states]
+    try:
+        waiter = asyncio.create_task(all_streaming.wait())
+        done, _ = await asyncio.wait([waiter, *runners], return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            for r in done:
+                r.result()  # a turn that failed while ramping
+            raise StreamError("a live turn ended before all had started")
+        ramp = time.time() - t0
+        window[0] = time.time() + 0.5
+        window[1] = window[0] + hold
+        await asyncio.sleep(hold + 0.5)
+    finally:
+        # The rest of each turn is not timed: stop reading (the turns run on,
+        # briefly, in the worker).
+        for r in runners:
+            r.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
     latencies = [x * 1000 for t in states for x in t.latencies]
     if not latencies:
         raise StreamError("no delta arrived inside the timed window")

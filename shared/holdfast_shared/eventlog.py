@@ -509,7 +509,7 @@ class EventLog:
         entries: list[tuple[str, dict[str, str]]],
         also: Also | None,
     ) -> tuple[int, int]:
-        """Copy ``entries`` and the rest after them, a batch per transaction; returns
+        """Copy ``entries`` and the rest after them, a batch per statement; returns
         (how many, the new watermark). Holds the task's claim."""
         events_key, archived_key = self.keys.events(task_id), self.keys.archived(task_id)
         copied = 0
