@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
+from typing import cast
 from urllib.parse import urlsplit
 
 from bench.sse import StreamError
@@ -31,9 +32,9 @@ class _Stream(asyncio.Protocol):
         self._need = -1  # bytes of the current chunk still to come (-1: a size line)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(self.request)
+        # uvloop's transports are not asyncio.Transport subclasses: cast, not check.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
         if not self._in_body:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 
 import uvicorn
+from holdfast_shared import runtime
 from holdfast_shared.assets import VaultError, vault_from_settings
 from holdfast_shared.observability.process import setup_process
 from holdfast_shared.settings import get_settings
@@ -38,8 +39,10 @@ def main() -> None:
     except VaultError as exc:
         # Refused before serving anything: credentials could not be kept encrypted.
         sys.exit(f"gateway: not starting: {exc}")
+    app = create_app(settings)
+    runtime.settle_heap()  # see there: no full-collection pauses over start-up objects
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),

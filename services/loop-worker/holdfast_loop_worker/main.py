@@ -195,6 +195,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         ttl_seconds=settings.liveness_seconds,
     )
     archiver = Archiver(eventlog, settings.archive_interval_seconds)
+    # Everything it serves with is imported now (the provider SDKs with the registry).
+    runtime.settle_heap()
     log.info(
         "loop-worker %s ready; default model %s; providers: %s",
         worker_id,

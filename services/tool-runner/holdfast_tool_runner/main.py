@@ -132,6 +132,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             redis, keys, runner_id, found.as_dict(), ttl_seconds=settings.liveness_seconds
         )
 
+    runtime.settle_heap()
     log.info(
         "tool-runner %s ready; workspaces in %s; sandbox: %s", runner_id, workspaces.root, found
     )
