@@ -533,8 +533,8 @@ class EventLog:
     async def _write(self, rows: list[dict[str, Any]], also: Also | None) -> None:
         """Events ``rows`` and what ``also`` writes, atomically."""
         if also is None or isinstance(also, Writes):
-            # One multi-row INSERT, atomic alone: where a transaction took BEGIN,
-            # a statement per row (executemany) and COMMIT.
+            # One INSERT of every row (events_insert), atomic alone: where a
+            # transaction took BEGIN, a statement per row (executemany) and COMMIT.
             first = [events_insert(rows)] if rows else []
             statements = [*first, *(also.statements if also is not None else ())]
             if statements:
