@@ -90,3 +90,20 @@ async def test_a_pipeline_waits_for_replicas_once_and_reports_them(
     assert [a.first_seq for a in got] == [2, 3, 4, 5, 6]
     assert waiting._batcher.pipelines == 2  # the first append alone, then the five
     assert "reached 0 of 1 replicas" in caplog.text
+
+
+async def test_an_error_of_one_append_is_its_own(eventlog: EventLog) -> None:
+    """Redis refuses one append of a pipeline (its stream key holds a string): that
+    caller gets the error, the others in the same pipeline their replies."""
+    good, bad = task(), task()
+    await eventlog.redis.set(eventlog.keys.events(bad), "not a stream")
+    results = await asyncio.gather(
+        eventlog.append(good, "turn", [TextDelta(text="a")], name=good, new_task=True),
+        eventlog.append(bad, "turn", [TextDelta(text="b")], name=bad, new_task=True),
+        eventlog.append(good, "turn", [TextDelta(text="c")], name=good),
+        return_exceptions=True,
+    )
+    assert [type(r).__name__ for r in results] == ["Appended", "ResponseError", "Appended"]
+    assert "WRONGTYPE" in str(results[1])
+    assert [r.first_seq for r in (results[0], results[2])] == [1, 2]  # type: ignore[union-attr]
+    await eventlog.redis.delete(eventlog.keys.events(bad))

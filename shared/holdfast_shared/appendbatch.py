@@ -75,6 +75,10 @@ class AppendBatcher:
         """The script's reply for this call, and how many replicas acknowledged its
         pipeline (``None`` without ``wait_replicas``)."""
         loop = asyncio.get_running_loop()
+        if self._flusher is not None and self._flusher.get_loop() is not loop:
+            # Left by a loop that closed mid-flush: its calls went with it.
+            self._queue = [i for i in self._queue if i.future.get_loop() is loop]
+            self._flusher = None
         item = _Append(keys, args, task_id, loop.create_future())
         self._queue.append(item)
         if self._flusher is None:
@@ -91,9 +95,7 @@ class AppendBatcher:
                     await self._send(batch)
         except BaseException as exc:  # the loop is closing: nothing queued is sent
             queued, self._queue = self._queue, []
-            for item in queued:
-                if not item.future.done():
-                    item.future.set_exception(exc)
+            _fail(queued, exc)
             raise
         finally:
             self._flusher = None
@@ -107,9 +109,7 @@ class AppendBatcher:
                 await self.redis.script_load(self.script)
                 replies, acked = await self._pipeline(batch)
         except BaseException as exc:
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(exc)
+            _fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -142,6 +142,16 @@ class AppendBatcher:
                 raise wait
             acked = int(wait)
         return replies[: len(batch)], acked
+
+
+def _fail(items: list[_Append], exc: BaseException) -> None:
+    for item in items:
+        if item.future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            item.future.cancel()  # the flusher was cancelled: so are its calls
+        else:
+            item.future.set_exception(exc)
 
 
 async def eval_many(
