@@ -254,3 +254,40 @@ def test_the_catalogue_reads_envelopes() -> None:
     assert not ends_turn("thread_lifecycle", started)
     beat = {"type": "heartbeat", "task_id": "t", "timestamp": 9}
     assert json.loads(heartbeat_json("t", 9)) == beat
+
+
+async def test_a_retried_append_that_had_landed_is_not_appended_again(eventlog: EventLog) -> None:
+    """A failover can cut the reply of an append that landed (and reached the replica
+    that takes over); the cluster path retries with the same token and the retry
+    flag, and the script answers as the first call did."""
+    t = task()
+    keys = [
+        eventlog.keys.events(t),
+        eventlog.keys.archived(t),
+        eventlog.keys.running_turn(t),
+        eventlog.keys.turn_epoch(t),
+    ]
+    bodies = [
+        "text_delta",
+        body_json(TextDelta(text="a")),
+        "text_delta",
+        body_json(TextDelta(text="b")),
+    ]
+
+    def args(token: str, retry: str) -> list[str]:
+        return [t, "turn_a", "0", "0", "", "", token, retry, *bodies]
+
+    first = await eventlog._append(keys=keys, args=args("tok-1", ""))
+    again = await eventlog._append(keys=keys, args=args("tok-1", "1"))
+    assert again == first and first[0] == 1 and len(first) == 3
+    assert await eventlog.redis.xlen(keys[0]) == 2
+    # Another append in between does not hide it from the retry.
+    other = await eventlog._append(keys=keys, args=args("tok-2", ""))
+    assert other[0] == 3
+    assert await eventlog._append(keys=keys, args=args("tok-1", "1")) == first
+    # A retry whose first call never landed appends.
+    fresh = await eventlog._append(keys=keys, args=args("tok-3", "1"))
+    assert fresh[0] == 5 and await eventlog.redis.xlen(keys[0]) == 6
+    # Readers see the same events whatever the extra field.
+    events = [e for page in [p async for p in eventlog.pages_after(t, 0)] for e in page]
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6]

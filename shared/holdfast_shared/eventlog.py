@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -52,12 +53,35 @@ log = logging.getLogger(__name__)
 # KEYS: events stream, archived watermark, the task's turn lock, its turn epoch.
 # ARGV: the task's name (the events' ``task_id``), turn_id ('' = null), floor
 #       seq ('' = unknown), floor ts, release ('1' = release the turn lock if
-#       turn_id holds it), epoch ('' = unfenced), then (type, body) pairs.
+#       turn_id holds it), epoch ('' = unfenced), the append's token ('' =
+#       none; kept in the first entry's field ``a``), retry ('1' = this call
+#       may have landed before: if an entry among the last 64 has the token,
+#       answer as that append did instead of appending again), then (type,
+#       body) pairs.
 # Returns {first_seq, ts_1, ...}, {-1} when the stream is gone and the caller
 # must supply the floor from PostgreSQL, or {-2} when another worker took the
 # turn over (fenced).
 _APPEND = """
 if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[6] then return {-2} end
+if ARGV[8] == '1' and ARGV[7] ~= '' then
+  local recent = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 64)
+  for _, entry in ipairs(recent) do
+    local f = entry[2]
+    for i = 1, #f, 2 do
+      if f[i] == 'a' and f[i + 1] == ARGV[7] then
+        local n = (#ARGV - 8) / 2
+        local landed = redis.call('XRANGE', KEYS[1], entry[1], '+', 'COUNT', n)
+        local out = {tonumber(string.sub(entry[1], 1, string.find(entry[1], '-', 1, true) - 1))}
+        for _, e in ipairs(landed) do
+          for j = 1, #e[2], 2 do
+            if e[2][j] == 'ts' then out[#out + 1] = tonumber(e[2][j + 1]) end
+          end
+        end
+        return out
+      end
+    end
+  end
+end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local seq, ts
 if #last == 0 then
@@ -77,13 +101,18 @@ local turn = 'null'
 if ARGV[2] ~= '' then turn = '"' .. ARGV[2] .. '"' end
 local head = '{"task_id":"' .. ARGV[1] .. '","turn_id":' .. turn .. ',"seq":'
 local out = {seq + 1}
-for i = 7, #ARGV, 2 do
+for i = 9, #ARGV, 2 do
   seq = seq + 1
   if now > ts then ts = now else ts = ts + 1 end
   local data = head .. string.format('%d', seq) .. ',"timestamp":' .. string.format('%d', ts)
     .. ',' .. string.sub(ARGV[i + 1], 2)
-  redis.call('XADD', KEYS[1], string.format('%d', seq) .. '-0', 't', ARGV[i], 'ts',
-    string.format('%d', ts), 'd', data)
+  if i == 9 and ARGV[7] ~= '' then
+    redis.call('XADD', KEYS[1], string.format('%d', seq) .. '-0', 't', ARGV[i], 'ts',
+      string.format('%d', ts), 'd', data, 'a', ARGV[7])
+  else
+    redis.call('XADD', KEYS[1], string.format('%d', seq) .. '-0', 't', ARGV[i], 'ts',
+      string.format('%d', ts), 'd', data)
+  end
   out[#out + 1] = ts
 end
 redis.call('PERSIST', KEYS[1])
@@ -304,9 +333,14 @@ class EventLog:
         head: tuple[str, str, str, str],
         flat: list[str],
     ) -> list[int]:
-        args = [name, turn_id or "", *head, *flat]
         if self._cluster is not None:
-            return await self._call_append_cluster(self._cluster, keys, task_id, args)
+            # A failover can cut the reply of an append that landed and reached the
+            # replica; the token lets its retry find it instead of appending twice.
+            token = secrets.token_hex(8)
+            return await self._call_append_cluster(
+                self._cluster, keys, task_id, [name, turn_id or "", *head, token], flat
+            )
+        args = [name, turn_id or "", *head, "", "", *flat]
         # The append and its task's dirty mark, in a pipeline shared with the
         # other turns' appends of this moment (appendbatch.py).
         result, acked = await self._batcher.call(keys, task_id, args)
@@ -315,25 +349,34 @@ class EventLog:
         return result
 
     async def _call_append_cluster(
-        self, cluster: ClusterClient, keys: list[str], task_id: str, args: list[str]
+        self,
+        cluster: ClusterClient,
+        keys: list[str],
+        task_id: str,
+        head: list[str],
+        flat: list[str],
     ) -> list[int]:
         # The dirty set lives in another slot (maybe on another node), where one
         # pipeline would not keep the order that the archiver relies on: the
         # append first, then the mark, one after the other.
-        if self.wait_replicas:
+        attempts = 0
 
-            def build(pipe: Any) -> None:
-                pipe.evalsha(self._append.sha, len(keys), *keys, *args)
+        def build(pipe: Any) -> None:
+            # Every attempt after the first may follow one that landed.
+            nonlocal attempts
+            retry = "1" if attempts else ""
+            attempts += 1
+            pipe.evalsha(self._append.sha, len(keys), *keys, *head, retry, *flat)
+            if self.wait_replicas:
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
 
-            try:
-                result, *rest = await cluster.on_master(keys[0], build)
-            except NoScriptError:
-                await cluster.script_load(_APPEND)
-                result, *rest = await cluster.on_master(keys[0], build)
+        try:
+            result, *rest = await cluster.on_master(keys[0], build)
+        except NoScriptError:
+            await cluster.script_load(_APPEND)
+            result, *rest = await cluster.on_master(keys[0], build)
+        if self.wait_replicas:
             self._check_replicas(result, rest)
-        else:
-            result = await self._append(keys=keys, args=args)
         await self.redis.zincrby(self.keys.archive_dirty, 1, task_id)
         return list(result)
 
