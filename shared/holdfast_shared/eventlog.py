@@ -585,8 +585,7 @@ class EventLog:
             return
         async with self.sessions.begin() as session:
             if rows:
-                # executemany form: one cached statement, batched by the driver.
-                await session.execute(insert(EventRecord).on_conflict_do_nothing(), rows)
+                await session.execute(events_insert(rows))
             await also(session)
 
     async def archive_now(self, task_id: str, also: Also | None = None) -> int:

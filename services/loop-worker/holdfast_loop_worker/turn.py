@@ -44,7 +44,7 @@ from holdfast_shared.agents import AgentDefinition, AgentNotFound, model_for, re
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
 from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
-from holdfast_shared.eventlog import EventLog, Writes, execute_at_once, next_epoch, one_statement
+from holdfast_shared.eventlog import EventLog, Writes, next_epoch, one_statement
 from holdfast_shared.events import (
     TERMINAL_PHASES,
     ContentBlockStart,
@@ -808,8 +808,9 @@ class TurnRunner:
         A turn resumed after its terminal event was logged (the worker died
         just after) only records the end: the events are not logged twice.
         """
+        ending = self._ending(status, stop_reason, last)
         # Counted before the terminal event: a client that saw it finds it counted.
-        metrics.turn_ended(self._ending(status, stop_reason, last))
+        metrics.turn_ended(ending)
         if self.seen.terminal:
             await self.ctx.lock.release(self.job.task_id, self.job.turn_id)
         else:
@@ -817,40 +818,40 @@ class TurnRunner:
         if self.used_tools and self.ctx.tools is not None:
             # The watchdog: no process a tool started outlives its turn.
             await self.ctx.tools.turn_ended(self.job.tenant_id, self.job.task_id)
-        ending = self._ending(status, stop_reason, last)
+        # The turn's end is one statement, atomic alone: an autocommit session, no
+        # BEGIN and COMMIT; the trajectory's reads before it, on the same connection.
         async with self.ctx.reads() as session:
             trajectory = await trajectory_insert(session, ending)
-        # The turn's end is one statement, atomic alone: no BEGIN and COMMIT.
-        end = [
-            update(Turn)
-            .where(Turn.id == self.job.turn_id)
-            .values(
-                status=status,
-                stop_reason=stop_reason,
-                finished_at=datetime.now(UTC),
-                lease_owner=None,
-                lease_until=None,
-                # The totals GET /tasks/{task_id} sums, committed with the end.
-                usage=dict(self.state.usage),
-                active_ms=self._active_ms(),
-            ),
-            # The task keeps what the context engine learned for its next turn.
-            update(Task)
-            .where(Task.id == self.job.task_id)
-            .values(
-                working_memory=self.state.working_memory,
-                token_calibration=self.state.calibration,
-            ),
-            # A question nobody will read the answer to is closed with the turn.
-            update(HitlRequestRecord)
-            .where(
-                HitlRequestRecord.turn_id == self.job.turn_id,
-                HitlRequestRecord.status == "pending",
-            )
-            .values(status="cancelled"),
-            trajectory,
-        ]
-        await execute_at_once(self.ctx.sessions.kw["bind"], one_statement(end))
+            end = [
+                update(Turn)
+                .where(Turn.id == self.job.turn_id)
+                .values(
+                    status=status,
+                    stop_reason=stop_reason,
+                    finished_at=datetime.now(UTC),
+                    lease_owner=None,
+                    lease_until=None,
+                    # The totals GET /tasks/{task_id} sums, committed with the end.
+                    usage=dict(self.state.usage),
+                    active_ms=self._active_ms(),
+                ),
+                # The task keeps what the context engine learned for its next turn.
+                update(Task)
+                .where(Task.id == self.job.task_id)
+                .values(
+                    working_memory=self.state.working_memory,
+                    token_calibration=self.state.calibration,
+                ),
+                # A question nobody will read the answer to is closed with the turn.
+                update(HitlRequestRecord)
+                .where(
+                    HitlRequestRecord.turn_id == self.job.turn_id,
+                    HitlRequestRecord.status == "pending",
+                )
+                .values(status="cancelled"),
+                trajectory,
+            ]
+            await session.execute(one_statement(end))
         await announce(self.ctx.redis, self.ctx.keys, self.job.tenant_id, self.job.turn_id)
         await self.ctx.redis.delete(self.ctx.keys.cancel(self.job.task_id))
         await executions.turn_ended(self, status, last)
