@@ -259,6 +259,26 @@ async def test_delete_a_paused_execution(api: Api) -> None:
     assert (await api.call("GET", f"/v1/execution/{execution_id}")).status_code == 404
 
 
+async def test_delete_racing_a_pause(api: Api) -> None:
+    """The pause parks the turn while the delete waits for it to stop: the parked
+    turn is no worker's any more, so the delete ends it itself, at once."""
+    loop = asyncio.get_running_loop()
+    for _ in range(3):
+        created = await api.create(input=script(text="word ", deltas=400, delay_ms=20))
+        execution_id = created["id"]
+        await asyncio.sleep(0.3)
+        started = loop.time()
+        paused, deleted = await asyncio.gather(
+            api.call("POST", f"/v1/execution/{execution_id}/pause"),
+            api.call("DELETE", f"/v1/execution/{execution_id}"),
+        )
+        started = loop.time()
+        assert deleted.status_code == 204, deleted.text
+        assert loop.time() - started < 5
+        assert paused.status_code in (202, 404, 409), paused.text
+        assert (await api.call("GET", f"/v1/execution/{execution_id}")).status_code == 404
+
+
 async def test_automatic_checkpoints(cluster: EngineProcesses, api: Api, sessions: Any) -> None:
     message = bash("echo a > a.txt; sleep 1", text="w ", deltas=20, delay_ms=50)
     created = await api.create(

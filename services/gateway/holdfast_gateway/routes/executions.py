@@ -63,8 +63,9 @@ from holdfast_gateway.turns import start_turn
 router = APIRouter(prefix="/v1/execution", tags=["executions"])
 
 ExecutionId = Annotated[str, Path(pattern=ID_PATTERN, description="the execution's id (exec_…)")]
-# How long DELETE waits for a cancelled turn to end before answering 409.
-_DELETE_WAIT_SECONDS = 15.0
+# How long DELETE waits for a cancelled turn to end before answering 409: under
+# the 10 s many HTTP clients wait for an answer, so they get the 409.
+_DELETE_WAIT_SECONDS = 8.0
 # How long a tool-runner may take to archive or restore the workspace.
 _WORKSPACE_TIMEOUT_SECONDS = 30.0
 
@@ -431,32 +432,28 @@ async def delete_execution(
 
 
 async def _terminate(state: GatewayState, tenant: str, row: Execution) -> None:
-    """End the execution's turn if it still holds the task; back once it ended."""
+    """End the execution's turn if it still holds the task; back once it ended.
+
+    Checked again on every round, since a pause racing the delete can park the
+    turn while the delete waits: a paused turn is no worker's, so its cancel
+    would never be taken, and the delete ends it itself.
+    """
     keys = state.keys
-    holder = await state.lock.holder(row.task_id)
-    if holder is None:
-        return
-    async with state.sessions() as session:
-        turn_status = await session.scalar(select(Turn.status).where(Turn.id == holder))
-    if turn_status == "paused":
-        # No worker holds a paused turn: end it here.
-        async with state.sessions.begin() as session:
-            await session.execute(
-                update(Turn)
-                .where(Turn.id == holder, Turn.status == "paused")
-                .values(status="cancelled", stop_reason="cancelled", finished_at=datetime.now(UTC))
-            )
-            await store.mark_ended(session, row.task_id, "terminated", turn_active_ms=None)
-        await state.lock.release(row.task_id, holder)
-        return
-    # As POST /execute/cancel: the flag for a turn between workers, the message
-    # for a running one, the job for a parked one.
-    await state.redis.set(keys.cancel(row.task_id), holder, ex=3600)
-    await state.redis.publish(keys.cancels, f"{row.task_id} {holder}")
-    await state.redis.xadd(keys.turns, TurnJob.resuming(tenant, row.task_id, holder).to_fields())
+    signalled: str | None = None
     loop = asyncio.get_running_loop()
     until = loop.time() + _DELETE_WAIT_SECONDS
-    while await state.lock.holder(row.task_id) is not None:
+    while (holder := await state.lock.holder(row.task_id)) is not None:
+        if await _end_if_paused(state, row, holder):
+            continue
+        if signalled != holder:
+            # As POST /execute/cancel: the flag for a turn between workers, the
+            # message for a running one, the job for a parked one.
+            await state.redis.set(keys.cancel(row.task_id), holder, ex=3600)
+            await state.redis.publish(keys.cancels, f"{row.task_id} {holder}")
+            await state.redis.xadd(
+                keys.turns, TurnJob.resuming(tenant, row.task_id, holder).to_fields()
+            )
+            signalled = holder
         if loop.time() > until:
             raise ApiError(
                 409,
@@ -465,3 +462,18 @@ async def _terminate(state: GatewayState, tenant: str, row: Execution) -> None:
                 {"execution_id": row.id},
             )
         await asyncio.sleep(0.05)
+
+
+async def _end_if_paused(state: GatewayState, row: Execution, holder: str) -> bool:
+    """Cancel ``holder`` here if it is paused (no worker holds a paused turn)."""
+    async with state.sessions.begin() as session:
+        ended = await session.execute(
+            update(Turn)
+            .where(Turn.id == holder, Turn.status == "paused")
+            .values(status="cancelled", stop_reason="cancelled", finished_at=datetime.now(UTC))
+        )
+        if not ended.rowcount:  # type: ignore[attr-defined]
+            return False
+        await store.mark_ended(session, row.task_id, "terminated", turn_active_ms=None)
+    await state.lock.release(row.task_id, holder)
+    return True
