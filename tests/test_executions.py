@@ -279,6 +279,38 @@ async def test_delete_racing_a_pause(api: Api) -> None:
         assert (await api.call("GET", f"/v1/execution/{execution_id}")).status_code == 404
 
 
+async def test_cancel_a_paused_execution(api: Api) -> None:
+    """No worker holds a paused turn: the cancel makes it claimable, and the
+    worker that takes it ends it with its events, as any cancelled turn."""
+    created = await api.create(input=script(text="word ", deltas=200, delay_ms=20))
+    execution_id = created["id"]
+    assert (await api.call("POST", f"/v1/execution/{execution_id}/pause")).status_code == 202
+    await api.wait(execution_id, "paused")
+    cancelled = await api.call("POST", "/execute/cancel", {"task_id": execution_id})
+    assert cancelled.status_code == 200, cancelled.text
+    await api.wait(execution_id, "terminated", within=15)
+    async with httpx.AsyncClient(timeout=30) as client:
+        log = await replay(client, api.base, api.key, {"task_id": execution_id})
+    last = log.events[-1]
+    assert last["type"] == "thread_lifecycle" and last["stop_reason"] == "cancelled", last
+
+
+async def test_cancel_racing_a_pause(api: Api) -> None:
+    """Sent together, the cancel may reach the worker while the turn stops for
+    the pause: it is not lost, the turn ends cancelled rather than paused."""
+    for _ in range(3):
+        created = await api.create(input=script(text="word ", deltas=400, delay_ms=20))
+        execution_id = created["id"]
+        await asyncio.sleep(0.3)
+        paused, cancelled = await asyncio.gather(
+            api.call("POST", f"/v1/execution/{execution_id}/pause"),
+            api.call("POST", "/execute/cancel", {"task_id": execution_id}),
+        )
+        assert cancelled.status_code == 200, cancelled.text
+        assert paused.status_code in (202, 409), paused.text
+        await api.wait(execution_id, "terminated", within=15)
+
+
 async def test_automatic_checkpoints(cluster: EngineProcesses, api: Api, sessions: Any) -> None:
     message = bash("echo a > a.txt; sleep 1", text="w ", deltas=20, delay_ms=50)
     created = await api.create(

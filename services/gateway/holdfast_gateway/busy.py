@@ -33,11 +33,11 @@ from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import UserMessage, parse_event, turn_of
 from holdfast_shared.ids import new_id
-from holdfast_shared.jobs import TurnJob
 from holdfast_shared.tasks import TaskRef, find_task
 from holdfast_shared.turnqueue import PENDING_BY_MODE, count_pending, start_next
 from sqlalchemy import func, select
 
+from holdfast_gateway.cancelling import request_cancel
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.limits import check_waiting_turn
 from holdfast_gateway.sse import event_frames, frame, sse_response
@@ -177,16 +177,10 @@ async def _last_seq(state: GatewayState, task_id: str) -> int:
 
 
 async def _cancel_running(state: GatewayState, tenant_id: str, task_id: str) -> None:
-    """Cancel the task's running turn the way ``POST /execute/cancel`` does: the
-    flag covers a turn between workers, the message stops a running one at
-    once, the job wakes a parked one."""
+    """Cancel the task's running turn the way ``POST /execute/cancel`` does."""
     turn_id = await state.lock.holder(task_id)
-    if turn_id is None:
-        return
-    keys = state.keys
-    await state.redis.set(keys.cancel(task_id), turn_id, ex=3600)
-    await state.redis.publish(keys.cancels, f"{task_id} {turn_id}")
-    await state.redis.xadd(keys.turns, TurnJob.resuming(tenant_id, task_id, turn_id).to_fields())
+    if turn_id is not None:
+        await request_cancel(state, tenant_id, task_id, turn_id)
 
 
 def _entry_of(event: LoggedEvent, message_id: str) -> str | None:

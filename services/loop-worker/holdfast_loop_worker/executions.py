@@ -113,6 +113,7 @@ class TurnRunner(Protocol):
     @property
     def execution(self) -> ExecutionRun | None: ...
     async def _snapshot(self, reason: str, *, advance: bool = True) -> None: ...
+    async def _cancel_requested(self) -> bool: ...
     def _active_ms(self) -> int: ...
 
 
@@ -268,6 +269,16 @@ async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:
             .values(status="paused", lease_owner=None, lease_until=None)
         )
         await executions.mark_paused(session, job.task_id, runner.state.active_ms)
+    if await runner._cancel_requested():
+        # A cancel that came while the turn was stopping for the pause found it
+        # stopping already and was not taken: the turn goes back to the queue,
+        # and the worker that takes it ends it as cancelled. (A cancel that
+        # comes later finds it paused: the gateway does the same.)
+        async with ctx.sessions.begin() as session:
+            requeue = await executions.claimable_again(session, job.turn_id)
+        if requeue:
+            resume = job.model_copy(update={"resume": True})
+            await ctx.redis.xadd(ctx.keys.turns, resume.to_fields())
     return "paused"
 
 

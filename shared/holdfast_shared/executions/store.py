@@ -26,6 +26,7 @@ from holdfast_shared.db.models import (
     Execution,
     ExecutionCheckpoint,
     Message,
+    Turn,
 )
 from holdfast_shared.executions.wire import CheckpointOut, ExecutionOut, Status
 from holdfast_shared.ids import new_id
@@ -200,6 +201,21 @@ async def mark_running(session: AsyncSession, execution_id: str, *, from_status:
         .where(Execution.id == execution_id, Execution.status == from_status)
         .values(status="running", paused_at=None, running_since=now, updated_at=now)
         .returning(Execution.id)
+    )
+    return changed is not None
+
+
+async def claimable_again(
+    session: AsyncSession, turn_id: str, *, from_statuses: Sequence[str] = ("paused",)
+) -> bool:
+    """A turn no worker holds (paused, or parked) made claimable by the next
+    worker that takes its job: a resume, or a cancel that worker carries out.
+    False when it was in none of ``from_statuses`` (running, or ended)."""
+    changed = await session.scalar(
+        update(Turn)
+        .where(Turn.id == turn_id, Turn.status.in_(from_statuses))
+        .values(status="running", lease_owner=None, lease_until=None)
+        .returning(Turn.id)
     )
     return changed is not None
 

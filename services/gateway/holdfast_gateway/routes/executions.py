@@ -54,6 +54,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_gateway import errors
+from holdfast_gateway.cancelling import request_cancel
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.routes import tasks
@@ -386,11 +387,7 @@ async def resume_execution(
         await state.redis.delete(state.keys.pause(row.task_id))
         async with state.sessions.begin() as session:
             # Claimable again (and requeued by recovery should the job be lost).
-            await session.execute(
-                update(Turn)
-                .where(Turn.id == turn_id, Turn.status.in_(("paused", "parked")))
-                .values(status="running", lease_owner=None, lease_until=None)
-            )
+            await store.claimable_again(session, turn_id, from_statuses=("paused", "parked"))
         await state.lock.extend(row.task_id, turn_id, state.settings.turn_deadline_seconds + 600)
     except BaseException as exc:
         # Still paused: nothing the client asked for happened (the rollback
@@ -438,7 +435,6 @@ async def _terminate(state: GatewayState, tenant: str, row: Execution) -> None:
     turn while the delete waits: a paused turn is no worker's, so its cancel
     would never be taken, and the delete ends it itself.
     """
-    keys = state.keys
     signalled: str | None = None
     loop = asyncio.get_running_loop()
     until = loop.time() + _DELETE_WAIT_SECONDS
@@ -446,13 +442,7 @@ async def _terminate(state: GatewayState, tenant: str, row: Execution) -> None:
         if await _end_if_paused(state, row, holder):
             continue
         if signalled != holder:
-            # As POST /execute/cancel: the flag for a turn between workers, the
-            # message for a running one, the job for a parked one.
-            await state.redis.set(keys.cancel(row.task_id), holder, ex=3600)
-            await state.redis.publish(keys.cancels, f"{row.task_id} {holder}")
-            await state.redis.xadd(
-                keys.turns, TurnJob.resuming(tenant, row.task_id, holder).to_fields()
-            )
+            await request_cancel(state, tenant, row.task_id, holder)
             signalled = holder
         if loop.time() > until:
             raise ApiError(
