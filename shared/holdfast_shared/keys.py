@@ -7,7 +7,11 @@ of one task live in one Redis Cluster slot and can be touched by one script.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from functools import lru_cache
+
+from redis.crc import key_slot
 
 TURNS_GROUP = "loop-workers"
 TOOLS_GROUP = "tool-runners"
@@ -36,6 +40,24 @@ class Keys:
         """Stream of finished turns' trajectories (``TrajectoryReady``), consumed by the
         learning service through ``LEARNING_GROUP``."""
         return f"{self.prefix}trajectories"
+
+    def learning_queue(self, *, cluster: bool = False) -> str:
+        """arq's queue of the learning service's cron jobs (``learning_job`` names them).
+
+        On a Redis Cluster arq's transactions must touch one slot, and they pair
+        a job's keys with arq's global ``arq:abort``: the queue and the job names
+        then carry a hash tag picked for that key's slot (``arq_slot_tag``)."""
+        if cluster:
+            return f"{{{arq_slot_tag(self.prefix)}}}learning"
+        return f"{self.prefix}learning"
+
+    def learning_job(self, name: str, *, cluster: bool = False) -> str:
+        """A learning cron job's arq name (arq keys its runs ``arq:job:<name>:<time>``):
+        with the queue's hash tag on a cluster; job ids are global in a Redis, hence
+        the prefix."""
+        if cluster:
+            return f"{{{arq_slot_tag(self.prefix)}}}{name}"
+        return f"{self.prefix}{name}"
 
     @property
     def learning_dead(self) -> str:
@@ -173,3 +195,20 @@ class Keys:
             self.working_memory(task_id),
             self.pause(task_id),
         )
+
+
+# arq's one key without a job id or the queue's name in it; its transactions
+# pair it with those (arq.constants.abort_jobs_ss).
+ARQ_ABORT_KEY = "arq:abort"
+
+
+@lru_cache
+def arq_slot_tag(prefix: str) -> str:
+    """The first ``<prefix>arq-<n>`` that hashes to ``arq:abort``'s cluster slot
+    (about 16,000 tries on average, once per process)."""
+    slot = key_slot(ARQ_ABORT_KEY.encode())
+    for n in itertools.count():
+        tag = f"{prefix}arq-{n}"
+        if key_slot(tag.encode()) == slot:
+            return tag
+    raise AssertionError("unreachable")  # pragma: no cover

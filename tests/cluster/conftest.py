@@ -54,8 +54,8 @@ def engine(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
     """The suite's engine on the cluster, one per module on the module's own database
-    (tests/isolation.py), without the learning service: its arq
-    scheduler needs one Redis server (docs/reliability.md, "Redis Cluster")."""
+    (tests/isolation.py); the learning service has a test of its own
+    (test_cluster_learning.py)."""
     env = engine_env(
         redis_url, database_url, f"{redis_prefix}cl:", HOLDFAST_WORKSPACE_ROOT=str(workspace_root)
     )

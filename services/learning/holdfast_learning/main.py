@@ -14,21 +14,26 @@ Guarantees: every trajectory is learned once — at least once through the
 stream, the claim of a dead learner's entries and the sweep; at most once
 through the row lock and status check in one transaction with the writes.
 With several learning processes on one Redis each cron run happens once
-(arq's unique cron job ids, named under our key prefix). On SIGTERM/SIGINT
-arq cancels what runs (an unfinished trajectory's transaction rolls back; it
-is learned again later), closes its connections, and the process exits 0.
+(arq's unique cron job ids, named under our key prefix). On a Redis Cluster
+arq's keys share one slot and arq runs on that slot's master (``arqredis.py``);
+when that master dies, arq's worker is built again on the new one while the
+trajectory intake (on the cluster client) goes on. On SIGTERM/SIGINT arq
+cancels what runs (an unfinished trajectory's transaction rolls back; it is
+learned again later), closes its connections, and the process exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from arq.connections import RedisSettings
+from arq.connections import ArqRedis, RedisSettings
 from arq.cron import cron
 from arq.worker import Worker
 from holdfast_shared.background import cancel_and_wait
@@ -40,8 +45,10 @@ from holdfast_shared.observability.process import setup_process
 from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
+from redis.exceptions import RedisError
 
 from holdfast_learning.archive import archive_trajectories, delete_old_archives
+from holdfast_learning.arqredis import arq_pool
 from holdfast_learning.consumer import BatchSettings, TrajectoryConsumer
 from holdfast_learning.extract import Extractor
 from holdfast_learning.learner import Learner
@@ -49,6 +56,9 @@ from holdfast_learning.retention import delete_expired_snapshots
 from holdfast_learning.sweep import sweep
 
 log = logging.getLogger("holdfast.learning")
+
+# After a failover, before arq's worker starts again on the slot's new master.
+_ARQ_RESTART_SECONDS = 1.0
 
 
 async def retention(ctx: dict[str, Any]) -> int:
@@ -88,18 +98,20 @@ async def trajectory_retention(ctx: dict[str, Any]) -> int:
     return moved
 
 
-def build_worker(settings: Settings) -> Worker:
-    """The arq worker with our jobs; call it inside the running event loop (arq binds to it)."""
+@contextlib.asynccontextmanager
+async def learning_centre(settings: Settings) -> AsyncIterator[dict[str, Any]]:
+    """What the cron jobs and the trajectory intake share, for the process's life:
+    an arq worker rebuilt after a failover (``serve``) finds it unchanged."""
     redis_url, database_url = settings.require_urls()
     engine = create_engine(database_url, pool_size=4)
     keys = Keys(settings.redis_prefix)
-
-    async def startup(ctx: dict[str, Any]) -> None:
-        sessions = session_factory(engine)
-        providers = ProviderRegistry.from_env(os.environ, settings.model)
-        extractor = Extractor(providers, settings.learning_model)
-        redis = connect(redis_url, max_connections=20)
-        embedder = embedders.from_settings(settings)
+    sessions = session_factory(engine)
+    providers = ProviderRegistry.from_env(os.environ, settings.model)
+    extractor = Extractor(providers, settings.learning_model)
+    redis = connect(redis_url, max_connections=20)
+    embedder = embedders.from_settings(settings)
+    intake: asyncio.Task[None] | None = None
+    try:
         learner = Learner(
             sessions,
             redis,
@@ -119,62 +131,78 @@ def build_worker(settings: Settings) -> Worker:
             ),
             name=f"{socket.gethostname()}-{os.getpid()}",
         )
-        ctx.update(
-            settings=settings,
-            sessions=sessions,
-            providers=providers,
-            learner=learner,
-            own_redis=redis,
-            embedder=embedder,
-            intake=asyncio.create_task(consumer.run(), name="trajectory-intake"),
-        )
+        intake = asyncio.create_task(consumer.run(), name="trajectory-intake")
         log.info("learning centre started; extraction by %s", extractor.model)
-
-    async def shutdown(ctx: dict[str, Any]) -> None:
-        await cancel_and_wait(ctx.get("intake"))
-        if "providers" in ctx:
-            await ctx["providers"].aclose()
-        if ctx.get("embedder") is not None:
-            await ctx["embedder"].aclose()
-        if "own_redis" in ctx:
-            await ctx["own_redis"].aclose()
+        yield {"settings": settings, "sessions": sessions, "learner": learner}
+    finally:
+        await cancel_and_wait(intake)
+        await providers.aclose()
+        if embedder is not None:
+            await embedder.aclose()
+        await redis.aclose()
         await engine.dispose()
 
-    prefix = settings.redis_prefix
+
+def build_worker(
+    settings: Settings, ctx: dict[str, Any], redis_pool: ArqRedis | None = None
+) -> Worker:
+    """The arq worker with our cron jobs; call it inside the running event loop (arq
+    binds to it). ``redis_pool``: arq's client on a cluster (``arqredis.py``)."""
+    redis_url, _ = settings.require_urls()
+    keys = Keys(settings.redis_prefix)
+    cluster = settings.redis_cluster
+
+    def job(name: str) -> str:
+        return keys.learning_job(name, cluster=cluster)
+
     return Worker(
-        # arq's cron job names become job ids, and job ids are global in Redis.
         cron_jobs=[
-            cron(retention, name=f"{prefix}retention", run_at_startup=True),
+            cron(retention, name=job("retention"), run_at_startup=True),
             cron(
                 learning_sweep,
-                name=f"{prefix}learning-sweep",
+                name=job("learning-sweep"),
                 second={0, 10, 20, 30, 40, 50},
                 run_at_startup=True,
             ),
             cron(
                 trajectory_retention,
-                name=f"{prefix}trajectory-retention",
+                name=job("trajectory-retention"),
                 minute=7,
                 run_at_startup=True,
             ),
         ],
-        queue_name=f"{prefix}learning",
+        queue_name=keys.learning_queue(cluster=cluster),
         redis_settings=RedisSettings.from_dsn(redis_url),
-        on_startup=startup,
-        on_shutdown=shutdown,
+        redis_pool=redis_pool,
+        ctx=ctx,
         log_results=False,
     )
 
 
 async def serve() -> None:
-    worker = build_worker(get_settings())
-    try:
-        await worker.async_run()
-    except asyncio.CancelledError:
-        # arq's own SIGTERM/SIGINT handler stops the worker by cancelling its main task.
-        pass
-    finally:
-        await worker.close()
+    settings = get_settings()
+    async with learning_centre(settings) as ctx:
+        while True:
+            pool = await arq_pool(settings)
+            worker = build_worker(settings, ctx, pool)
+            try:
+                await worker.async_run()
+                break
+            except asyncio.CancelledError:
+                # arq's own SIGTERM/SIGINT handler stops the worker by cancelling its main task.
+                break
+            except RedisError as exc:
+                if not settings.redis_cluster:
+                    raise
+                # The master of arq's slot died (or gave the slot up): arq's client
+                # is bound to it, so a new worker goes to the slot's new master.
+                log.warning("arq lost its Redis master (%s); restarting it on the new one", exc)
+            finally:
+                with contextlib.suppress(RedisError):
+                    await worker.close()
+                if pool is not None:
+                    await pool.aclose()
+            await asyncio.sleep(_ARQ_RESTART_SECONDS)
     log.info("learning worker stopped")
 
 
