@@ -11,7 +11,10 @@ of it (see docs/reliability.md, "Redis Cluster"):
   ``PUBLISH`` reaches every node, so any node will do;
 - ``mget`` across slots: split per slot (not atomic, which no caller needs);
 - riding out a failover: a command that fails because a master is gone or its
-  slots are not served yet is retried for up to :data:`FAILOVER_SECONDS`.
+  slots are not served yet is retried for up to :data:`FAILOVER_SECONDS`;
+- ``replica_reads``: the stream reads (and redis-py's own read commands) go to a
+  replica of their slot, so a reader sees only what a replica has — what
+  survives its master's death (the gateways' tail, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any, cast
 import redis as sync_redis
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import Pipeline, PubSub
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.cluster import LoadBalancingStrategy
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import (
     AskError,
@@ -45,6 +49,8 @@ log = logging.getLogger(__name__)
 FAILOVER_SECONDS = 15.0
 _RETRY_PAUSE_SECONDS = 0.2
 _FAILOVER_ERRORS = (ConnectionError, TimeoutError, ClusterDownError, SlotNotCoveredError)
+# Reads of streams, which redis-py 5 does not count among its read commands.
+_STREAM_READS = frozenset({"XREAD", "XRANGE", "XREVRANGE", "XLEN"})
 
 
 def cluster_enabled() -> bool:
@@ -64,16 +70,29 @@ def _options(url: str) -> dict[str, Any]:
     return {} if url.startswith("unix://") else {"socket_keepalive": True}
 
 
-def connect(url: str, *, max_connections: int = 200, cluster: bool | None = None) -> Redis:
+def connect(
+    url: str,
+    *,
+    max_connections: int = 200,
+    cluster: bool | None = None,
+    replica_reads: bool = False,
+) -> Redis:
     """An asyncio client with string replies; accepts ``redis://`` and ``unix://`` URLs.
 
     ``cluster`` (default: ``HOLDFAST_REDIS_CLUSTER``) makes it a :class:`ClusterClient`
     on the cluster that ``url``'s node belongs to; ``max_connections`` is then per node.
+    ``replica_reads`` (a cluster only): reads go to a replica of their slot while it
+    has one; writes to its master, as always.
     """
     if cluster is None:
         cluster = cluster_enabled()
     if cluster:
-        return cast(Redis, ClusterClient.for_url(url, max_connections=max_connections))
+        return cast(
+            Redis,
+            ClusterClient.for_url(
+                url, max_connections=max_connections, replica_reads=replica_reads
+            ),
+        )
     client: Redis = Redis.from_url(
         url,
         decode_responses=True,
@@ -102,14 +121,24 @@ class ClusterClient(RedisCluster):
     cross-slot MGET and retries through a failover."""
 
     @classmethod
-    def for_url(cls, url: str, *, max_connections: int) -> ClusterClient:
+    def for_url(
+        cls, url: str, *, max_connections: int, replica_reads: bool = False
+    ) -> ClusterClient:
         options: dict[str, Any] = {
             "decode_responses": True,
             "health_check_interval": 30,
             **_options(url),
         }
-        client = cast(ClusterClient, cls.from_url(url, max_connections=max_connections, **options))
+        extra: dict[str, Any] = {}
+        if replica_reads:
+            # Also makes every connection READONLY, which a replica needs to
+            # serve reads (a master ignores it).
+            extra["load_balancing_strategy"] = LoadBalancingStrategy.ROUND_ROBIN_REPLICAS
+        client = cast(
+            ClusterClient, cls.from_url(url, max_connections=max_connections, **options, **extra)
+        )
         client._node_options = options
+        client.replica_reads = replica_reads
         return client
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -118,6 +147,7 @@ class ClusterClient(RedisCluster):
         self._node_clients: dict[str, Redis] = {}
         self._pubsub_pools: dict[str, ConnectionPool] = {}
         self._pubsub_turn = itertools.count()
+        self.replica_reads = False
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         target = kwargs.get("target_nodes")
@@ -133,6 +163,19 @@ class ClusterClient(RedisCluster):
                     raise
                 log.debug("redis cluster: %s failed (%s); retrying", args[0], exc)
                 await asyncio.sleep(_RETRY_PAUSE_SECONDS)
+
+    async def _determine_nodes(
+        self, command: str, *args: Any, node_flag: str | None = None
+    ) -> list[ClusterNode]:
+        if self.replica_reads and not node_flag and command.upper() in _STREAM_READS:
+            slot = await self._determine_slot(command, *args)
+            # A replica of the slot; its master when it has none (left after a failover).
+            return [
+                self.nodes_manager.get_node_from_slot(
+                    slot, True, LoadBalancingStrategy.ROUND_ROBIN_REPLICAS
+                )
+            ]
+        return await super()._determine_nodes(command, *args, node_flag=node_flag)
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         # redis-py asks a node (COMMAND GETKEYS, a round trip) for the keys of a

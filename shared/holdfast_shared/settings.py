@@ -28,7 +28,8 @@ class Settings(BaseSettings):
     # docs/reliability.md, "Redis Cluster").
     redis_cluster: bool = False
     # After each append the client is told about, WAIT for this many replicas to
-    # have it (0: no WAIT), up to redis_wait_timeout_ms.
+    # have it (0: no WAIT), up to redis_wait_timeout_ms. On a cluster, ≥ 1 also
+    # makes the gateways read the streams from replicas (gateway app.py).
     redis_wait_replicas: int = Field(default=0, ge=0, le=16)
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".holdfast")

@@ -56,14 +56,19 @@ def create_app(settings: Settings) -> FastAPI:
         engine = create_engine(database_url, pool_size=8)
         sessions = session_factory(engine)
         keys = Keys(settings.redis_prefix)
-        eventlog = EventLog(
-            redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active
-        )
+        hot_ttl = settings.channel_state_ttl_active
+        eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=hot_ttl)
+        reads, tail = eventlog, redis
+        if is_cluster(redis) and settings.redis_wait_replicas > 0:
+            # Appends wait for a replica: the streams read from the replicas, so no
+            # client sees an event its master had not passed on before dying.
+            tail = connect(redis_url, max_connections=1000, replica_reads=True)
+            reads = EventLog(tail, sessions, keys, hot_ttl_seconds=hot_ttl)
         # A Redis Cluster cannot XREAD streams of several slots at once (fanout_cluster).
         hub = (ClusterHub if is_cluster(redis) else Hub)(
-            redis,
+            tail,
             keys,
-            eventlog,
+            reads,
             max_buffered_events=settings.sse_max_buffered_events,
             max_buffered_bytes=settings.sse_max_buffered_bytes,
         )
@@ -75,6 +80,7 @@ def create_app(settings: Settings) -> FastAPI:
             sessions=sessions,
             keys=keys,
             eventlog=eventlog,
+            reads=reads,
             hub=hub,
             lock=TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds),
             auth=KeyAuthenticator(
@@ -97,6 +103,8 @@ def create_app(settings: Settings) -> FastAPI:
             await hub.close()
             if embedder is not None:
                 await embedder.aclose()
+            if tail is not redis:
+                await tail.aclose()
             await redis.aclose()
             await engine.dispose()
 

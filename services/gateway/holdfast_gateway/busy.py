@@ -207,7 +207,7 @@ async def pending_frames(state: GatewayState, pending: PendingTurn) -> AsyncIter
         while entry is None:
             if from_log:
                 from_log = False
-                async for page in state.eventlog.pages_after(task_id, last):
+                async for page in state.reads.pages_after(task_id, last):
                     entry = _find(page, pending.turn_id)
                     if entry is not None:
                         break
@@ -237,7 +237,7 @@ async def pending_frames(state: GatewayState, pending: PendingTurn) -> AsyncIter
         state.hub.unsubscribe(sub)
     event, turn_id = entry
     yield frame(event)
-    hub, log = state.hub, state.eventlog
+    hub, log = state.hub, state.reads
     async for chunk in event_frames(hub, log, task_id, event.seq, stop_turn=turn_id):
         yield chunk
 
@@ -251,7 +251,7 @@ async def _gone(state: GatewayState, turn_id: str) -> bool:
 async def _find_in_log(
     state: GatewayState, task_id: str, after_seq: int, message_id: str
 ) -> tuple[LoggedEvent, str] | None:
-    async for page in state.eventlog.pages_after(task_id, after_seq):
+    async for page in state.reads.pages_after(task_id, after_seq):
         found = _find(page, message_id)
         if found is not None:
             return found
@@ -299,7 +299,7 @@ async def respond(
             yield frame(started.started)
             async for chunk in event_frames(
                 state.hub,
-                state.eventlog,
+                state.reads,
                 started.task.id,
                 started.started.seq,
                 stop_turn=started.turn_id,

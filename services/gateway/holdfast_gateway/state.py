@@ -27,6 +27,9 @@ class GatewayState:
     sessions: async_sessionmaker[AsyncSession]
     keys: Keys
     eventlog: EventLog
+    # The log as the streams read it: ``eventlog`` itself, or on a cluster whose
+    # appends wait for a replica, the same log read from the replicas (app.py).
+    reads: EventLog
     hub: Hub
     lock: TurnLock
     auth: KeyAuthenticator

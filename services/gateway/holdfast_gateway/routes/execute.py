@@ -256,7 +256,7 @@ async def execute(
     async def frames() -> AsyncIterator[str]:
         yield frame(turn.started)
         async for chunk in event_frames(
-            state.hub, state.eventlog, turn.task.id, turn.started.seq, stop_turn=turn.turn_id
+            state.hub, state.reads, turn.task.id, turn.started.seq, stop_turn=turn.turn_id
         ):
             yield chunk
 

@@ -66,7 +66,7 @@ async def replay(
     task = await replay_task(request, state, task_id, token=token, key=x_engine_key)
     cursor = await _cursor(state, task.id, after, after_seq, last_event_id)
     running = await state.lock.holder(task.id)
-    frames = event_frames(state.hub, state.eventlog, task.id, cursor, stop_turn=running)
+    frames = event_frames(state.hub, state.reads, task.id, cursor, stop_turn=running)
     return sse_response(frames, task.name, state.settings.heartbeat_seconds)
 
 
