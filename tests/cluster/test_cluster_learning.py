@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 
@@ -18,7 +19,7 @@ from redis.crc import key_slot
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast.testing.cluster import RedisClusterServers
+from holdfast.testing.cluster import Node, RedisClusterServers
 from tests.conftest import engine_env
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
@@ -75,6 +76,34 @@ async def _cron_runs(redis: Redis, prefix: str) -> list[int]:
     return sorted(int(key.rsplit(":", 1)[1]) for key in found)
 
 
+def _kill_synced_master(servers: RedisClusterServers, key: str) -> Node:
+    """SIGKILL the master serving ``key`` once its replica holds all it has: a node
+    restarted by an earlier test may still be syncing, and the cluster does not
+    promote a replica that is not in sync."""
+    deadline = time.monotonic() + 30
+    while True:
+        master = _master_of(servers, key)
+        info = master.info("replication")
+        replica = info.get("slave0")
+        if (
+            isinstance(replica, dict)
+            and replica.get("state") == "online"
+            and replica.get("offset") == info.get("master_repl_offset")
+        ):
+            return servers.kill_master(key)
+        assert time.monotonic() < deadline, f"the replica of {master.port} never caught up"
+        time.sleep(0.1)
+
+
+def _master_of(servers: RedisClusterServers, key: str) -> Node:
+    seed = next(n for n in servers.nodes if n.process is not None)
+    with seed.client() as client:
+        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        ranges = client.execute_command("CLUSTER", "SLOTS")
+    port = next(int(e[2][1]) for e in ranges if int(e[0]) <= slot <= int(e[1]))
+    return next(n for n in servers.nodes if n.port == port)
+
+
 async def test_learning_on_a_cluster_goes_on_after_its_arq_master_dies(
     learning_engine: EngineProcesses,
     redis_cluster: RedisClusterServers,
@@ -91,7 +120,8 @@ async def test_learning_on_a_cluster_goes_on_after_its_arq_master_dies(
         await asyncio.sleep(0.2)
 
     killed_at = time.time() * 1000
-    dead = redis_cluster.kill_master(Keys(prefix).learning_queue(cluster=True))
+    queue = Keys(prefix).learning_queue(cluster=True)
+    dead = await asyncio.to_thread(_kill_synced_master, redis_cluster, queue)
     try:
         await asyncio.to_thread(redis_cluster.wait_failover, dead)
         # The sweep runs every 10 s: one started on the new master.
@@ -120,3 +150,24 @@ def test_every_key_arq_makes_for_the_learning_service_is_in_one_slot() -> None:
     # On one Redis server: the names as before.
     assert keys.learning_queue() == "some:prefix:learning"
     assert keys.learning_job("retention") == "some:prefix:retention"
+
+
+async def test_a_learner_stopped_while_its_arq_master_is_gone_exits_cleanly(
+    learning_engine: EngineProcesses, redis_cluster: RedisClusterServers, redis_prefix: str
+) -> None:
+    """Between two of arq's workers (its master dead, the next one not built yet)
+    SIGTERM is the learning service's own: it stops, it does not wait for the
+    failover and go on."""
+    (learner,) = learning_engine.of("learning")
+    queue = Keys(f"{redis_prefix}learncl:").learning_queue(cluster=True)
+    dead = await asyncio.to_thread(_kill_synced_master, redis_cluster, queue)
+    try:
+        deadline = time.monotonic() + 10
+        while "arq lost its Redis master" not in learner.log.read_text():
+            assert time.monotonic() < deadline, "arq did not notice its master's death"
+            await asyncio.sleep(0.1)
+        status = await asyncio.to_thread(learning_engine.kill, learner, signal.SIGTERM, grace=10)
+        assert status == 0, learning_engine.log_tail(learner)
+    finally:
+        await asyncio.to_thread(redis_cluster.wait_failover, dead)
+        await asyncio.to_thread(redis_cluster.restart, dead)

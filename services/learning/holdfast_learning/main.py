@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -181,12 +182,11 @@ def build_worker(
 
 async def serve() -> None:
     settings = get_settings()
+    stop = asyncio.Event()
     async with learning_centre(settings) as ctx:
-        while True:
-            pool = await arq_pool(settings)
-            worker = build_worker(settings, ctx, pool)
+        while not stop.is_set():
             try:
-                await worker.async_run()
+                await _run_arq(settings, ctx, stop)
                 break
             except asyncio.CancelledError:
                 # arq's own SIGTERM/SIGINT handler stops the worker by cancelling its main task.
@@ -197,13 +197,30 @@ async def serve() -> None:
                 # The master of arq's slot died (or gave the slot up): arq's client
                 # is bound to it, so a new worker goes to the slot's new master.
                 log.warning("arq lost its Redis master (%s); restarting it on the new one", exc)
-            finally:
-                with contextlib.suppress(RedisError):
-                    await worker.close()
-                if pool is not None:
-                    await pool.aclose()
-            await asyncio.sleep(_ARQ_RESTART_SECONDS)
+            # arq's signal handlers went with its worker: until the next one, ours.
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _ARQ_RESTART_SECONDS)
     log.info("learning worker stopped")
+
+
+async def _run_arq(settings: Settings, ctx: dict[str, Any], stop: asyncio.Event) -> None:
+    pool = await arq_pool(settings)
+    try:
+        if stop.is_set():
+            return  # stopped while the pool was being found
+        # No await from here to the worker's creation, which installs arq's handlers.
+        worker = build_worker(settings, ctx, pool)
+        try:
+            await worker.async_run()
+        finally:
+            with contextlib.suppress(RedisError):
+                await worker.close()
+    finally:
+        if pool is not None:
+            await pool.aclose()
 
 
 def main() -> None:
