@@ -77,31 +77,9 @@ async def _cron_runs(redis: Redis, prefix: str) -> list[int]:
 
 
 def _kill_synced_master(servers: RedisClusterServers, key: str) -> Node:
-    """SIGKILL the master serving ``key`` once its replica holds all it has: a node
-    restarted by an earlier test may still be syncing, and the cluster does not
-    promote a replica that is not in sync."""
-    deadline = time.monotonic() + 30
-    while True:
-        master = _master_of(servers, key)
-        info = master.info("replication")
-        replica = info.get("slave0")
-        if (
-            isinstance(replica, dict)
-            and replica.get("state") == "online"
-            and replica.get("offset") == info.get("master_repl_offset")
-        ):
-            return servers.kill_master(key)
-        assert time.monotonic() < deadline, f"the replica of {master.port} never caught up"
-        time.sleep(0.1)
-
-
-def _master_of(servers: RedisClusterServers, key: str) -> Node:
-    seed = next(n for n in servers.nodes if n.process is not None)
-    with seed.client() as client:
-        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
-        ranges = client.execute_command("CLUSTER", "SLOTS")
-    port = next(int(e[2][1]) for e in ranges if int(e[0]) <= slot <= int(e[1]))
-    return next(n for n in servers.nodes if n.port == port)
+    # A node restarted by the previous test may still be syncing.
+    servers.wait_in_sync(key)
+    return servers.kill_master(key)
 
 
 async def test_learning_on_a_cluster_goes_on_after_its_arq_master_dies(

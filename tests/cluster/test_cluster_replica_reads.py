@@ -51,20 +51,6 @@ def waiting_engine(
         yield procs
 
 
-def _replica_of(servers: RedisClusterServers, key: str) -> tuple[Node, Node]:
-    """The master serving ``key``'s slot, and its replica."""
-    seed = next(n for n in servers.nodes if n.process is not None)
-    with seed.client() as client:
-        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
-        ranges = client.execute_command("CLUSTER", "SLOTS")
-    for entry in ranges:
-        if int(entry[0]) <= slot <= int(entry[1]):
-            master_port, replica_port = int(entry[2][1]), int(entry[3][1])
-            by_port = {n.port: n for n in servers.nodes}
-            return by_port[master_port], by_port[replica_port]
-    raise AssertionError(f"no node serves slot {slot}")
-
-
 def _last_seq(node: Node, key: str) -> int:
     with node.client() as client:
         try:
@@ -93,8 +79,8 @@ async def test_a_client_gets_only_what_a_replica_holds(
             task_id = await session.scalar(select(Task.id).where(Task.name == task_name))
         assert task_id is not None
         key = Keys(f"{redis_prefix}replicareads:").events(task_id)
-        master, replica = _replica_of(redis_cluster, key)
-        assert replica.process is not None
+        master, replica = redis_cluster.serving(key)
+        assert replica is not None and replica.process is not None
         replica.process.send_signal(signal.SIGSTOP)
         try:
             stopped_at.append(time.monotonic())

@@ -180,19 +180,42 @@ class RedisClusterServers:
                 continue
         return out
 
+    def serving(self, key: str) -> tuple[Node, Node | None]:
+        """The master serving ``key``'s slot now, and its replica (None while it has none)."""
+        seed = self._live()[0]
+        with seed.client() as client:
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+            ranges = client.execute_command("CLUSTER", "SLOTS")
+        by_port = {node.port: node for node in self.nodes}
+        for entry in ranges:
+            if int(entry[0]) <= slot <= int(entry[1]):
+                replicas = [by_port[int(r[1])] for r in entry[3:]]
+                return by_port[int(entry[2][1])], (replicas[0] if replicas else None)
+        raise AssertionError(f"no node serves slot {slot}")
+
+    def wait_in_sync(self, key: str, timeout: float = 30.0) -> None:
+        """Until the replica of ``key``'s slot holds all its master has: a node just
+        restarted may still be syncing, and the cluster does not promote such a one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            master, _replica = self.serving(key)
+            info = master.info("replication")
+            replica = info.get("slave0")
+            if (
+                isinstance(replica, dict)
+                and replica.get("state") == "online"
+                and replica.get("offset") == info.get("master_repl_offset")
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the replica of the master on port {master.port} never caught up"
+                )
+            time.sleep(0.1)
+
     def kill_master(self, key: str | None = None) -> Node:
         """SIGKILL a master (the one serving ``key``, else the first); returns it."""
-        masters = self.masters_now()
-        victim = masters[0]
-        if key is not None:
-            with masters[0].client() as client:
-                slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
-            for node in masters:
-                with node.client() as client:
-                    for entry in client.execute_command("CLUSTER", "SLOTS"):
-                        start, end, primary = int(entry[0]), int(entry[1]), entry[2]
-                        if start <= slot <= end and int(primary[1]) == node.port:
-                            victim = node
+        victim = self.serving(key)[0] if key is not None else self.masters_now()[0]
         assert victim.process is not None
         victim.process.send_signal(signal.SIGKILL)
         victim.process.wait()
