@@ -69,6 +69,43 @@ def _drop_null(schema: dict[str, Any]) -> None:
         schema["anyOf"] = kept
 
 
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# Above this a float no longer holds every integer: its bound has been rounded.
+_EXACT_FLOATS = 2**53
+
+
+def _integer_bound(name: str, value: float) -> int:
+    if value.is_integer() and abs(value) < _EXACT_FLOATS:
+        return int(value)
+    # The one bound this large is PostgreSQL's bigint (message ids), which the
+    # float rounded up to 2**63: what was declared is 2**63 - 1.
+    if name in ("maximum", "exclusiveMaximum") and value == float(2**63):
+        return 2**63 - 1
+    if name in ("minimum", "exclusiveMinimum") and value == -float(2**63):
+        return -(2**63)
+    raise ValueError(f"integer schema bound {name}={value!r} cannot be told exactly")
+
+
+def _integer_bounds(node: Any) -> None:
+    """Integer bounds written as integers, in place. FastAPI's OpenAPI model types
+    ``maximum``/``minimum`` as floats, so the component schemas came out with
+    ``1.0`` and ``9.223372036854776e+18`` (2**63, one past the declared bigint
+    maximum): a client or fuzzer reading them sends values the API refuses."""
+    if isinstance(node, list):
+        for item in node:
+            _integer_bounds(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        for name in _BOUNDS:
+            value = node.get(name)
+            if isinstance(value, float):
+                node[name] = _integer_bound(name, value)
+    for value in node.values():
+        _integer_bounds(value)
+
+
 def install(app: FastAPI, *, docs: bool) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -87,6 +124,7 @@ def install(app: FastAPI, *, docs: bool) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             components.update(event.pop("$defs", {}))
             components["Event"] = event
+            _integer_bounds(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
