@@ -3,6 +3,8 @@ idempotence, retention — with the clock moved instead of waited for."""
 
 from __future__ import annotations
 
+import json
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -16,7 +18,7 @@ from holdfast_learning.archive import (
     delete_old_archives,
     read_day,
 )
-from holdfast_learning.extract import Extractor, render
+from holdfast_learning.extract import Extracted, Extractor, parse, render
 from holdfast_learning.learner import Learner
 from holdfast_learning.sweep import due_trajectories, sweep
 from holdfast_shared.db.models import Episode, Fact, SoulVersion, TrajectoryRecord
@@ -231,3 +233,37 @@ async def test_retention_archives_then_deletes_with_a_moved_clock(
     finally:
         async with sessions.begin() as session:
             await session.execute(delete(TrajectoryRecord).where(TrajectoryRecord.user_id == user))
+
+
+class _EchoingExtractor(Extractor):
+    """A model that quotes the trajectory back in an invalid extraction: the
+    validation error then holds the trajectory's words, as a provider's error
+    echoing the prompt would."""
+
+    async def extract(self, record: dict[str, Any], soul: str) -> Extracted:
+        quoted = render(record, soul)
+        parse(json.dumps({"episode": {"summary": quoted, "outcome": quoted}}), "")
+        raise AssertionError("the quoted reply is too long to be valid")
+
+
+async def test_a_failed_extraction_logs_ids_and_the_error_class_never_content(
+    sessions: Sessions,
+    redis: Redis,
+    redis_prefix: str,
+    user: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    keys = Keys(f"{redis_prefix}learner-{secrets.token_hex(3)}:")
+    extractor = _EchoingExtractor(ProviderRegistry([ScriptedProvider()]), None)
+    learner = Learner(sessions, redis, keys, extractor, max_attempts=1)
+    marker = f"secret-{secrets.token_hex(8)}"
+    tid = await add_trajectory(sessions, user, record(f"Run rm -rf /srv/{marker} " * 40))
+    with caplog.at_level(logging.DEBUG):
+        result = await learner.learn([tid])
+    await redis.delete(keys.learning_dead)
+    assert result.dead == 1
+    assert tid in caplog.text and "ExtractionFailed" in caplog.text
+    assert marker not in caplog.text
+    async with sessions() as session:
+        row = await session.get(TrajectoryRecord, tid)
+    assert row is not None and row.last_error and marker in row.last_error, "kept with the row"

@@ -93,11 +93,17 @@ class TrajectoryConsumer:
         if not entries:
             return 0
         ids: list[str] = []
-        for _entry_id, fields in entries:
+        for entry_id, fields in entries:
             try:
                 ids.append(TrajectoryReady.from_fields(fields).trajectory_id)
             except ValueError:
-                log.error("dropping a malformed trajectory announcement: %r", fields)
+                # Its field names, not their values: whatever wrote them may have
+                # put content there.
+                log.error(
+                    "dropping a malformed trajectory announcement %s (fields: %s)",
+                    entry_id,
+                    sorted(fields),
+                )
         result = await self.learner.learn(ids)
         await self.redis.xack(
             self.keys.trajectories, LEARNING_GROUP, *(entry_id for entry_id, _ in entries)

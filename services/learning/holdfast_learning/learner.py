@@ -200,12 +200,16 @@ class Learner:
         attempts = item.attempts + 1
         dead = attempts >= self.max_attempts
         error = f"{type(exc).__name__}: {exc}"[:2000]
+        # The class only: an error's text can quote the trajectory (a provider
+        # echoing the prompt, a validation error quoting the model's reply), and
+        # trajectories hold commands, tool outputs and permission prompts. The
+        # whole error stays with the row (last_error), in the database with the content.
         log.warning(
             "learning trajectory %s failed (attempt %d of %d): %s",
             item.id,
             attempts,
             self.max_attempts,
-            error,
+            type(exc).__name__,
         )
         async with self.sessions.begin() as session:
             await session.execute(
