@@ -9,18 +9,30 @@ blobs the store lacks; a restore rewrites only the files whose content differs.
 
 The filesystem work is synchronous and runs in a thread; the store is awaited
 between. The caller keeps the task's tools from running meanwhile (the
-tool-runner holds the task's lock and has reaped its processes).
+tool-runner holds the task's lock, has frozen the task's processes for a
+checkpoint and reaped them for a restore).
+
+Nothing outside ``root`` is read or written, even while a process of the task
+swaps a directory for a symlink (to ``/``, another tenant's workspace, the data
+dir) as we go: no path below ``root`` is ever resolved by the kernel in one
+piece. Every directory is opened from its parent's fd with ``O_NOFOLLOW |
+O_DIRECTORY``, listed with ``scandir(fd)`` and stat'ed with ``fstatat``; files
+are opened, created (``O_EXCL``), linked, unlinked and chmod'ed relative to
+such an fd, never through a symlink. A directory that became a symlink since
+it was listed is not entered by a checkpoint (the next one records the link)
+and makes a restore fail with ArchiveError; a symlink's own entry is removed,
+never what it points to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
-import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +162,144 @@ async def restore(
     return RestoreResult(written, written_bytes)
 
 
+# -- paths under the root, opened without following a symlink -------------------------
+
+# A directory to list (scandir) or to create, remove and open things in.
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A directory only passed on as ``dir_fd``: needs no read permission, only search.
+_DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a fifo that took a file's place since the scan must not hang the read.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# What openat answers for a name that is no longer a directory: a symlink (ELOOP
+# under O_NOFOLLOW) or anything else (ENOTDIR).
+_REPLACED = (errno.ELOOP, errno.ENOTDIR)
+
+
+def _open_root(root: Path) -> int | None:
+    """The workspace's own directory (the runner's path, not the task's); None if absent."""
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+
+
+def _split(rel: str) -> tuple[str, str]:
+    parent, _, name = rel.rpartition("/")
+    return parent, name
+
+
+class _Dirs:
+    """Directories under the root by relative path, each opened from its parent's
+    fd with O_NOFOLLOW: a component that is a symlink (or no directory) now raises
+    OSError (ELOOP / ENOTDIR) instead of being followed. The last chain opened is
+    kept for the next path, so callers going through paths in sorted order open
+    each directory about once."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self._chain: list[tuple[str, int]] = []  # (name, fd) from the root down
+
+    def fd(self, rel_dir: str) -> int:
+        parts = rel_dir.split("/") if rel_dir else []
+        keep = 0
+        while keep < min(len(parts), len(self._chain)) and self._chain[keep][0] == parts[keep]:
+            keep += 1
+        for _name, fd in reversed(self._chain[keep:]):
+            os.close(fd)
+        del self._chain[keep:]
+        for name in parts[keep:]:
+            parent = self._chain[-1][1] if self._chain else self.root_fd
+            self._chain.append((name, os.open(name, _DIR_PATH, dir_fd=parent)))
+        return self._chain[-1][1] if self._chain else self.root_fd
+
+    def close(self) -> None:
+        for _name, fd in reversed(self._chain):
+            os.close(fd)
+        self._chain.clear()
+
+
+@contextlib.contextmanager
+def _opened(root: Path, *, create: bool = False) -> Iterator[_Dirs | None]:
+    if create:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root_fd = _open_root(root)
+    if root_fd is None:
+        yield None
+        return
+    dirs = _Dirs(root_fd)
+    try:
+        yield dirs
+    finally:
+        dirs.close()
+        os.close(root_fd)
+
+
+def _restoring_in(dirs: _Dirs, rel: str) -> tuple[int, str]:
+    """(fd of ``rel``'s directory, its name) for a restore: ArchiveError if a
+    directory on the way was replaced by a symlink or a file."""
+    parent, name = _split(rel)
+    try:
+        return dirs.fd(parent), name
+    except OSError as exc:
+        if exc.errno in _REPLACED:
+            raise ArchiveError(
+                f"{parent!r} of the workspace stopped being a directory during the restore"
+            ) from exc
+        raise
+
+
+def _listing(fd: int) -> list[os.DirEntry[str]]:
+    # scandir on an fd: its entries' stat() is fstatat(fd, name), never a path.
+    with os.scandir(fd) as found:
+        return list(found)
+
+
+Visit = Callable[[str, int, str, os.stat_result], bool]
+
+
+def _walk(root_fd: int, visit: Visit) -> None:
+    """``visit(relative path, fd of its directory, name, lstat)`` for everything
+    under the root, parents first; a directory is entered, through an fd opened
+    from its parent's with O_NOFOLLOW, if ``visit`` returns True. A directory
+    replaced by a symlink since it was listed is then not entered: nothing
+    outside the root is ever listed. At most one fd per level is open."""
+    stack: list[tuple[str, int, list[os.DirEntry[str]]]] = [("", root_fd, _listing(root_fd))]
+    try:
+        while stack:
+            rel_dir, fd, entries = stack[-1]
+            if not entries:
+                stack.pop()
+                if fd != root_fd:
+                    os.close(fd)
+                continue
+            entry = entries.pop()
+            if not rel_dir and entry.name in EXCLUDED:
+                continue
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not visit(rel, fd, entry.name, st) or not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                child = os.open(entry.name, _DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (*_REPLACED, errno.ENOENT):
+                    continue  # replaced or gone since it was listed
+                raise
+            try:
+                stack.append((rel, child, _listing(child)))
+            except BaseException:
+                os.close(child)
+                raise
+    finally:
+        for _rel, fd, _entries in stack:
+            if fd != root_fd:
+                os.close(fd)
+
+
 # -- checkpoint, in a thread -------------------------------------------------------
 
 
@@ -163,40 +313,19 @@ def _kind(mode: int) -> str | None:
     return None  # fifos, sockets, devices: not archived
 
 
-def _walk(root: Path) -> Iterable[tuple[str, str, os.stat_result]]:
-    """(relative path, absolute path, lstat) of everything under ``root``, parents first."""
-    stack = [("", str(root))]
-    while stack:
-        rel_dir, abs_dir = stack.pop()
-        try:
-            listing = list(os.scandir(abs_dir))
-        except FileNotFoundError:
-            continue
-        for entry in listing:
-            if not rel_dir and entry.name in EXCLUDED:
-                continue
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            yield rel, entry.path, st
-            if stat.S_ISDIR(st.st_mode):
-                stack.append((rel, entry.path))
-
-
 def _scan(root: Path, previous: Manifest | None) -> tuple[dict[str, Entry], list[str]]:
     entries: dict[str, Entry] = {}
     unknown: list[str] = []
     known = previous.entries if previous is not None else {}
-    for rel, path, st in _walk(root):
+
+    def visit(rel: str, fd: int, name: str, st: os.stat_result) -> bool:
         kind = _kind(st.st_mode)
         mode = st.st_mode & MODE_MASK
         if kind == "dir":
             entries[rel] = Entry("dir", mode=mode)
         elif kind == "link":
-            with contextlib.suppress(FileNotFoundError):
-                entries[rel] = Entry("link", target=os.readlink(path))
+            with contextlib.suppress(FileNotFoundError, OSError):
+                entries[rel] = Entry("link", target=os.readlink(name, dir_fd=fd))
         elif kind == "file":
             before = known.get(rel)
             if (
@@ -215,27 +344,48 @@ def _scan(root: Path, previous: Manifest | None) -> tuple[dict[str, Entry], list
                 )
             else:
                 unknown.append(rel)
+        return True
+
+    with _opened(root) as dirs:
+        if dirs is not None:
+            _walk(dirs.root_fd, visit)
     return entries, unknown
+
+
+def _open_file(dirs: _Dirs, rel: str) -> int | None:
+    """A read fd of the regular file at ``rel``, reached without following any
+    symlink; None if it is gone or no longer a regular file under directories."""
+    parent, name = _split(rel)
+    try:
+        fd = os.open(name, _READ, dir_fd=dirs.fd(parent))
+    except OSError:
+        return None  # gone, or it or a directory above replaced since the scan
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def _hash_files(root: Path, paths: list[str]) -> dict[str, tuple[str, int, int, int]]:
     """path → (sha256, size, mtime_ns, mode) for those still there."""
     out: dict[str, tuple[str, int, int, int]] = {}
-    for rel in paths:
-        try:
-            fd = os.open(root / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except (FileNotFoundError, OSError):
-            continue  # gone, or replaced by a symlink since the scan: the next one sees it
-        with os.fdopen(fd, "rb") as file:
-            # The mtime before reading: a write meanwhile leaves a newer one, so the
-            # next checkpoint reads the file again.
-            st = os.fstat(file.fileno())
-            digest = hashlib.sha256()
-            size = 0
-            while chunk := file.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        out[rel] = (digest.hexdigest(), size, st.st_mtime_ns, st.st_mode & MODE_MASK)
+    with _opened(root) as dirs:
+        if dirs is None:
+            return out
+        for rel in sorted(paths):
+            fd = _open_file(dirs, rel)
+            if fd is None:
+                continue  # the next checkpoint sees what is there now
+            with os.fdopen(fd, "rb") as file:
+                # The mtime before reading: a write meanwhile leaves a newer one, so the
+                # next checkpoint reads the file again.
+                st = os.fstat(file.fileno())
+                digest = hashlib.sha256()
+                size = 0
+                while chunk := file.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+            out[rel] = (digest.hexdigest(), size, st.st_mtime_ns, st.st_mode & MODE_MASK)
     return out
 
 
@@ -257,50 +407,102 @@ def _read_blobs(
 ) -> dict[str, tuple[int, bytes]]:
     compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
     blobs: dict[str, tuple[int, bytes]] = {}
-    for digest in hashes:
-        for rel in by_hash[digest]:
-            try:
-                fd = os.open(root / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                continue
-            with os.fdopen(fd, "rb") as file:
-                data = file.read()
-            if hashlib.sha256(data).hexdigest() == digest:
-                blobs[digest] = (len(data), compressor.compress(data))
-                break
-        else:
-            # Every file with this content changed since it was hashed: the
-            # manifest would name a blob that is not stored.
-            raise ArchiveError("files changed while the workspace was being archived")
+    with _opened(root) as dirs:
+        for digest in hashes:
+            for rel in by_hash[digest]:
+                fd = _open_file(dirs, rel) if dirs is not None else None
+                if fd is None:
+                    continue
+                with os.fdopen(fd, "rb") as file:
+                    data = file.read()
+                if hashlib.sha256(data).hexdigest() == digest:
+                    blobs[digest] = (len(data), compressor.compress(data))
+                    break
+            else:
+                # Every file with this content changed since it was hashed: the
+                # manifest would name a blob that is not stored.
+                raise ArchiveError("files changed while the workspace was being archived")
     return blobs
 
 
 # -- restore, in a thread ----------------------------------------------------------
 
 
-def _remove(path: str, st: os.stat_result) -> None:
+def _rmtree_at(parent_fd: int, name: str) -> None:
+    """Remove the directory ``name`` of ``parent_fd`` and everything in it, entering
+    each directory through an fd opened with O_NOFOLLOW from its parent's: a
+    directory swapped for a symlink meanwhile loses the link, never what it
+    points to. Iterative: no recursion limit on deep trees."""
+    try:
+        top = os.open(name, _DIR, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return
+        if exc.errno in _REPLACED:
+            os.unlink(name, dir_fd=parent_fd)  # the link (or file) itself
+            return
+        raise
+    # (fd, its entries left, its name, its parent's fd)
+    stack: list[tuple[int, list[os.DirEntry[str]], str, int]] = []
+    try:
+        # A read-only directory's entries could not be unlinked.
+        os.fchmod(top, 0o700)
+        stack.append((top, _listing(top), name, parent_fd))
+    except BaseException:
+        os.close(top)
+        raise
+    try:
+        while stack:
+            fd, entries, own_name, own_parent = stack[-1]
+            if not entries:
+                stack.pop()
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(own_name, dir_fd=own_parent)
+                continue
+            entry = entries.pop()
+            try:
+                child = os.open(entry.name, _DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (*_REPLACED, errno.ENOENT):
+                    raise
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.name, dir_fd=fd)
+                continue
+            try:
+                os.fchmod(child, 0o700)
+                stack.append((child, _listing(child), entry.name, fd))
+            except BaseException:
+                os.close(child)
+                raise
+    finally:
+        for fd, _entries, _name, _parent in stack:
+            os.close(fd)
+
+
+def _remove_at(dir_fd: int, name: str, st: os.stat_result) -> None:
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)  # never follows symlinks
+        _rmtree_at(dir_fd, name)
     else:
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
 
 
 def _prepare(root: Path, target: Manifest, previous: Manifest | None) -> list[str]:
     """Remove what does not belong, make directories and symlinks; the files to write."""
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
     known = previous.entries if previous is not None else {}
     kept: set[str] = set()
-    # A directory removed here is not descended into (_walk finds it gone).
-    for rel, path, st in _walk(root):
+
+    def visit(rel: str, fd: int, name: str, st: os.stat_result) -> bool:
         want = target.entries.get(rel)
         kind = _kind(st.st_mode)
         if want is not None and want.kind == kind:
             if kind == "dir":
                 kept.add(rel)
-                continue
-            if kind == "link" and os.readlink(path) == want.target:
+                return True
+            if kind == "link" and os.readlink(name, dir_fd=fd) == want.target:
                 kept.add(rel)
-                continue
+                return False
             before = known.get(rel)
             if (
                 kind == "file"
@@ -310,22 +512,30 @@ def _prepare(root: Path, target: Manifest, previous: Manifest | None) -> list[st
                 and before.sha256 == want.sha256
             ):
                 kept.add(rel)
-                continue
-        _remove(path, st)
+                return False
+        _remove_at(fd, name, st)
+        return False  # removed: not entered
+
     to_write = []
-    # Sorted, so a directory comes before what is in it; Manifest.load made sure
-    # every parent is a directory entry, so nothing is created through a symlink.
-    for rel in sorted(target.entries):
-        entry = target.entries[rel]
-        if rel in kept:
-            continue
-        where = root / rel
-        if entry.kind == "dir":
-            os.mkdir(where, 0o700)
-        elif entry.kind == "link":
-            os.symlink(entry.target, where)
-        else:
-            to_write.append(rel)
+    with _opened(root, create=True) as dirs:
+        if dirs is None:
+            raise ArchiveError(f"the workspace directory {root} vanished")
+        _walk(dirs.root_fd, visit)
+        # Sorted, so a directory comes before what is in it; Manifest.load made sure
+        # every parent is a directory entry, and each is opened without following a
+        # symlink, so nothing is created through one.
+        for rel in sorted(target.entries):
+            entry = target.entries[rel]
+            if rel in kept:
+                continue
+            if entry.kind == "file":
+                to_write.append(rel)
+                continue
+            at, name = _restoring_in(dirs, rel)
+            if entry.kind == "dir":
+                os.mkdir(name, 0o700, dir_fd=at)
+            else:
+                os.symlink(entry.target, name, dir_fd=at)
     return to_write
 
 
@@ -335,29 +545,57 @@ def _write_files(
     decompressor = zstandard.ZstdDecompressor()
     contents: dict[str, bytes] = {}
     total = 0
-    for rel, digest in files:
-        data = contents.get(digest)
-        if data is None:
-            data = contents[digest] = decompressor.decompress(blobs[digest])
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise ArchiveError(f"the stored blob {digest} does not match its hash")
-        # O_EXCL | O_NOFOLLOW: never writes through a link that appeared meanwhile.
-        fd = os.open(
-            root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-        )
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        total += len(data)
+    with _opened(root) as dirs:
+        if dirs is None:
+            raise ArchiveError(f"the workspace directory {root} vanished during the restore")
+        for rel, digest in sorted(files):
+            data = contents.get(digest)
+            if data is None:
+                data = contents[digest] = decompressor.decompress(blobs[digest])
+                if hashlib.sha256(data).hexdigest() != digest:
+                    raise ArchiveError(f"the stored blob {digest} does not match its hash")
+            at, name = _restoring_in(dirs, rel)
+            # O_EXCL | O_NOFOLLOW: never writes through a link that appeared meanwhile.
+            fd = os.open(name, _WRITE, 0o600, dir_fd=at)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            total += len(data)
     return total
+
+
+def _set_at(dir_fd: int, name: str, entry: Entry) -> None:
+    """The entry's mode (and a file's mtime) on ``name`` itself, never on what a
+    symlink there would point to: ArchiveError if it is no longer that kind."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags | os.O_DIRECTORY if entry.kind == "dir" else flags, dir_fd=dir_fd)
+    try:
+        if _kind(os.fstat(fd).st_mode) != entry.kind:
+            raise ArchiveError(f"{name!r} of the workspace changed kind during the restore")
+        # An O_PATH fd takes no fchmod; its /proc link reaches exactly its inode
+        # (Python 3.11 has no fchmodat without following).
+        at = f"/proc/self/fd/{fd}"
+        os.chmod(at, entry.mode)
+        if entry.kind == "file":
+            os.utime(at, ns=(entry.mtime_ns, entry.mtime_ns))
+    finally:
+        os.close(fd)
 
 
 def _finish(root: Path, manifest: Manifest) -> None:
     """Modes and mtimes last: a read-only directory had to be writable until now."""
-    for rel in sorted(manifest.entries, reverse=True):
-        entry = manifest.entries[rel]
-        target = root / rel
-        if entry.kind == "file":
-            os.chmod(target, entry.mode)
-            os.utime(target, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
-        elif entry.kind == "dir":
-            os.chmod(target, entry.mode)
+    with _opened(root) as dirs:
+        if dirs is None:
+            raise ArchiveError(f"the workspace directory {root} vanished during the restore")
+        for rel in sorted(manifest.entries, reverse=True):
+            entry = manifest.entries[rel]
+            if entry.kind == "link":
+                continue
+            at, name = _restoring_in(dirs, rel)
+            try:
+                _set_at(at, name, entry)
+            except OSError as exc:
+                if exc.errno in _REPLACED:
+                    raise ArchiveError(
+                        f"{rel!r} of the workspace changed kind during the restore"
+                    ) from exc
+                raise
