@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -45,9 +46,14 @@ class Settings(BaseSettings):
     # reading it whole (Content-Length is checked first, then bytes as they come).
     max_body_bytes: int = Field(default=8 * 1024**2, ge=64 * 1024)
     # Failed API-key checks one client address may make per window; past
-    # that it gets 429 with Retry-After instead of a key lookup.
+    # that its bad keys get 429 with Retry-After instead of 401 (a valid key
+    # is still answered: only failures count).
     auth_failures_allowed: int = Field(default=30, ge=1)
     auth_failure_window_seconds: float = Field(default=60.0, gt=0)
+    # Proxies whose X-Forwarded-For/-Proto the gateway believes, comma-separated
+    # addresses or CIDRs ("*": any); the key-failure limit then counts the client
+    # they name. Empty (the default): none, a client is its connection's address.
+    trusted_proxies: str = ""
     # A gateway trusts a key it checked for this long: a revoked key (`holdfast
     # keys revoke`) stops working within it, and so do its stream tokens.
     auth_cache_ttl_seconds: float = Field(default=30.0, gt=0, le=3600)
@@ -213,6 +219,25 @@ class Settings(BaseSettings):
         if "{" in value or "}" in value:
             raise ValueError("redis_prefix must not contain '{' or '}'")
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_addresses(cls, value: str) -> str:
+        # Refused at start-up rather than trusting less (or more) than meant.
+        for item in (part.strip() for part in value.split(",")):
+            if item and item != "*":
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"trusted_proxies: {item!r} is not an IP address or CIDR"
+                    ) from None
+        return value
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """``HOLDFAST_TRUSTED_PROXIES`` as uvicorn's ``forwarded_allow_ips``."""
+        return [part.strip() for part in self.trusted_proxies.split(",") if part.strip()]
 
     def permission_override(
         self, agent: str | None, tool: str

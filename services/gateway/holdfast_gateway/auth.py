@@ -12,14 +12,23 @@ database look-up.
 
 Each client address may fail a number of key checks per window (a token
 bucket: ``failures_allowed`` tokens, refilled evenly over ``window_seconds``);
-past that its unknown keys get :class:`RateLimited` (429 with Retry-After)
-without a look-up. A token is taken before the look-up and given back when
-the key turns out valid, so concurrent guesses cannot outrun the limit.
-Behind a proxy every client shares the proxy's address.
+past that its bad keys get :class:`RateLimited` (429 with Retry-After) instead
+of 401. Only failures count: a valid key is never refused by the limit, even
+one this gateway has not seen yet and from an address locked out (a client
+behind the same NAT as a guesser, or the guesser's own good key). A token is
+taken before the look-up and given back when the key turns out valid, so
+concurrent guesses cannot outrun the limit; the look-ups of a locked-out
+address run at most :data:`_LOCKED_OUT_LOOKUPS` at a time across all addresses,
+so a flood of guesses costs PostgreSQL that many connections, not its pool.
+The address is the connection's, or what ``X-Forwarded-For`` says when the
+connection comes from one of ``HOLDFAST_TRUSTED_PROXIES`` (uvicorn's proxy
+headers, set up in ``main.py``); behind a proxy not listed there every client
+shares the proxy's address.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import OrderedDict
@@ -35,6 +44,9 @@ _MISS_TTL = 2.0
 _MAX_KNOWN = 10_000
 _MAX_UNKNOWN = 4_096
 _MAX_ADDRESSES = 10_000
+# Key look-ups on behalf of locked-out addresses, at once: enough that a valid key
+# among a flood of guesses waits little, few enough to leave the pool to others.
+_LOCKED_OUT_LOOKUPS = 2
 
 V = TypeVar("V")
 
@@ -121,12 +133,13 @@ class KeyAuthenticator:
         self._active: _Lru[tuple[bool, float]] = _Lru(_MAX_KNOWN)
         self._unknown: _Lru[float] = _Lru(_MAX_UNKNOWN)
         self.failures = FailureLimiter(failures_allowed, failure_window_seconds, clock)
+        self._locked_out_lookups = asyncio.Semaphore(_LOCKED_OUT_LOOKUPS)
 
     async def tenant(self, key: str, address: str) -> str | None:
         """The tenant owning ``key``, or None if the key is unknown or revoked.
 
         Raises :class:`RateLimited` when ``address`` failed too often and
-        ``key`` is not a known one.
+        ``key`` is not a valid one.
         """
         identity = await self.identify(key, address)
         return identity.tenant if identity is not None else None
@@ -144,30 +157,39 @@ class KeyAuthenticator:
 
     async def identify(self, key: str, address: str) -> KeyIdentity | None:
         """The id and tenant of ``key``, or None if it is unknown or revoked;
-        raises :class:`RateLimited` as :meth:`tenant` does."""
+        raises :class:`RateLimited` instead of None when ``address`` is out of
+        failures. A valid key is always answered."""
         digest = hash_key(key)
         now = self.clock()
         known = self._known.get(digest)
         if known is not None and known[1] > now:
             return known[0]
-        # A key valid a moment ago is looked up again whatever its address did.
-        limited = known is None
-        if limited:
-            wait = self.failures.retry_after(address)
-            if wait:
-                raise RateLimited(wait)
+        counted = self.failures.retry_after(address) == 0
+        if counted:
             self.failures.take(address)
-            missed = self._unknown.get(digest)
-            if missed is not None and missed > now:
-                return None
+        missed = self._unknown.get(digest)
+        if missed is not None and missed > now:
+            identity = None
+        elif counted:
+            identity = await self._look_up(key, digest, now)
+        else:
+            async with self._locked_out_lookups:
+                identity = await self._look_up(key, digest, now)
+        if identity is None:
+            if not counted:
+                raise RateLimited(max(1, self.failures.retry_after(address)))
+            return None
+        if counted:
+            self.failures.give_back(address)
+        return identity
+
+    async def _look_up(self, key: str, digest: str, now: float) -> KeyIdentity | None:
         async with self.sessions() as session, session.begin():
             identity = await identify_key(session, key)
         if identity is None:
             self._known.pop(digest)
             self._unknown.put(digest, now + _MISS_TTL)
             return None
-        if limited:
-            self.failures.give_back(address)
         self._unknown.pop(digest)
         self._known.put(digest, (identity, now + self.ttl))
         self._active.put(str(identity.key_id), (True, now + self.ttl))

@@ -50,4 +50,8 @@ def main() -> None:
         # None: uvicorn's records go through ours (HOLDFAST_LOG_FORMAT) like the rest.
         log_config=None,
         timeout_graceful_shutdown=5,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: any
+        # local client could then be whoever it liked to the key-failure limit.
+        proxy_headers=bool(settings.trusted_proxy_list),
+        forwarded_allow_ips=settings.trusted_proxy_list or None,
     )
