@@ -98,6 +98,8 @@ class Engine:
                 "HOLDFAST_MODEL": "scripted",
                 "HOLDFAST_LOG_LEVEL": "WARNING",
                 "HOLDFAST_WORKER_CONCURRENCY": str(self.worker_concurrency),
+                # The MCP phase's server listens on loopback (holdfast_shared.outbound).
+                "HOLDFAST_OUTBOUND_ALLOW": "127.0.0.1/32,::1/128,localhost",
             },
         )
 

@@ -78,7 +78,14 @@ def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | No
         problems = {e.get("type") for e in (body.get("details") or {}).get("errors", [])}
     except (ValueError, AttributeError):
         code, problems = None, set()
-    if code in ("MODEL_UNAVAILABLE", "UNSUPPORTED_MEDIA", "ASSET_UNAVAILABLE"):
+    # DESTINATION_NOT_ALLOWED: a well-formed URL leading where the outbound policy
+    # refuses to connect (loopback, private...): where it leads is not the schema's.
+    if code in (
+        "MODEL_UNAVAILABLE",
+        "UNSUPPORTED_MEDIA",
+        "ASSET_UNAVAILABLE",
+        "DESTINATION_NOT_ALLOWED",
+    ):
         return None
     if code == "INVALID_REQUEST" and problems and problems <= _NOT_STORED:
         return None

@@ -63,6 +63,9 @@ class ErrorCode(StrEnum):
     ASSET_EXISTS = "ASSET_EXISTS"
     # The MCP server could not be reached or listed (or no tool-runner answered for it).
     ASSET_UNAVAILABLE = "ASSET_UNAVAILABLE"
+    # A URL the engine would connect to for the tenant leads somewhere the outbound
+    # policy refuses (loopback, private, metadata...; HOLDFAST_OUTBOUND_ALLOW).
+    DESTINATION_NOT_ALLOWED = "DESTINATION_NOT_ALLOWED"
     # GET /assets/servers/{name}/connect of a server that does not use oauth2.
     ASSET_NOT_OAUTH2 = "ASSET_NOT_OAUTH2"
     # An OAuth authorization that cannot complete (unknown or expired state, a refused code).

@@ -198,6 +198,10 @@ class Settings(BaseSettings):
     # The gateway's public base URL, for the OAuth redirect URI
     # (<public_url>/assets/oauth/callback); unset: the URL the request came in on.
     public_url: str | None = None
+    # Where the engine may connect for a tenant (MCP servers, their OAuth
+    # endpoints) beyond public addresses: comma-separated host names and CIDRs,
+    # e.g. "127.0.0.1/32,localhost" for a local MCP server (holdfast_shared.outbound).
+    outbound_allow: str = ""
 
     # How many turns one loop-worker process runs at once.
     worker_concurrency: int = 64

@@ -120,7 +120,9 @@ _DESCRIPTIONS = {
     422: (
         "`INVALID_REQUEST` (`details.errors` names each field), `MODEL_UNAVAILABLE`, "
         "`UNSUPPORTED_MEDIA` (the turn's model cannot take a media type; `details.media_type`), "
-        "`ASSET_UNAVAILABLE` (the MCP server named could not be listed; nothing was stored)"
+        "`ASSET_UNAVAILABLE` (the MCP server named could not be listed; nothing was stored), "
+        "`DESTINATION_NOT_ALLOWED` (a URL leads where the engine may not connect: loopback, "
+        "private, metadata...; `details.errors` names it)"
     ),
     429: (
         "`RATE_LIMITED`: too many failed API-key checks from this address, or the tenant is "

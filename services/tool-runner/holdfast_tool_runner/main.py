@@ -33,6 +33,7 @@ from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
 from holdfast_shared.observability.process import setup_process
 from holdfast_shared.orphans import Heartbeat, refresh_every
+from holdfast_shared.outbound import OutboundPolicy
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.workspace_archive import store_from_settings
@@ -89,6 +90,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         stdio_paths=tuple(settings.asset_stdio_paths),
         idle_seconds=settings.asset_session_idle_seconds,
         connect_timeout=settings.asset_connect_timeout_seconds,
+        outbound=OutboundPolicy.from_settings(settings),
     )
     # Workspace checkpoints and hibernation (archiving.py, hibernation.py).
     archiving = WorkspaceArchiving(

@@ -21,10 +21,18 @@ registration request, :class:`PKCEParameters`, its models):
 * :class:`StoredOAuth` — on every request of a session (tool-runner): the stored
   access token; refreshed when it has expired, and once on a 401; never
   interactive — with no usable token it raises :class:`NeedsAuthorization`.
+
+The HTTP client is the caller's: one built on the outbound policy
+(``holdfast_shared.outbound``), so every endpoint a server's metadata names is
+judged as it is dialled; a refusal comes out as
+:class:`~holdfast_shared.outbound.DestinationNotAllowed` naming the metadata
+field that led there. What a remote server answered is never in an error's
+message (it reaches the tenant): only its status; the body is logged at debug.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -58,6 +66,10 @@ from mcp.shared.auth import (
 )
 from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import AnyUrl, BaseModel
+
+from holdfast_shared.outbound import DestinationNotAllowed
+
+log = logging.getLogger(__name__)
 
 # How long an authorization URL stays good for its callback.
 PENDING_SECONDS = 600.0
@@ -157,12 +169,20 @@ def _origin(url: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}"
 
 
+class _Stage:
+    """Which URL of the flow is being fetched: the field a refusal names."""
+
+    def __init__(self) -> None:
+        self.loc: tuple[str, ...] = ("url",)
+
+
 async def _discover(
-    http: httpx2.AsyncClient, server_url: str
+    http: httpx2.AsyncClient, server_url: str, stage: _Stage
 ) -> tuple[ProtectedResourceMetadata | None, OAuthMetadata | None, str | None]:
     """The server's protected resource metadata, its authorization server's
     metadata, and the scope its challenge asks for."""
     # An unauthenticated request: a protected server answers 401 naming its metadata.
+    stage.loc = ("url",)
     probe = await http.post(
         server_url,
         json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
@@ -172,6 +192,7 @@ async def _discover(
     challenge_url = extract_resource_metadata_from_www_auth(probe)
     challenge_scope = extract_scope_from_www_auth(probe) if probe.status_code == 401 else None
     resource: ProtectedResourceMetadata | None = None
+    stage.loc = ("www-authenticate", "resource_metadata") if challenge_url else ("url",)
     for url in build_protected_resource_metadata_discovery_urls(challenge_url, server_url):
         resource = await handle_protected_resource_response(
             await http.send(create_oauth_metadata_request(url))
@@ -180,6 +201,7 @@ async def _discover(
             break
     issuer = str(resource.authorization_servers[0]) if resource is not None else None
     metadata: OAuthMetadata | None = None
+    stage.loc = ("resource_metadata", "authorization_servers") if issuer else ("url",)
     for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, server_url):
         ok, found = await handle_auth_metadata_response(
             await http.send(create_oauth_metadata_request(url))
@@ -193,13 +215,46 @@ async def _discover(
     return resource, metadata, challenge_scope
 
 
+async def _register(
+    http: httpx2.AsyncClient, registration: httpx2.Request, name: str
+) -> OAuthClientInformationFull:
+    """Dynamic client registration; a refusal says its status, never its body."""
+    response = await http.send(registration)
+    if response.status_code not in (200, 201):
+        body = (await response.aread())[:2048]
+        log.debug(
+            "server %s: client registration answered %d: %r", name, response.status_code, body
+        )
+        raise AuthorizationFailed(
+            f"the authorization server answered {response.status_code} to client registration"
+        )
+    try:
+        client = await handle_registration_response(response)
+    except OAuthRegistrationError as exc:  # its message holds the body
+        log.debug("server %s: client registration answer: %s", name, exc)
+        raise AuthorizationFailed(
+            "the authorization server's answer to client registration is invalid"
+        ) from None
+    check_registration_usable(client)
+    return client
+
+
 async def begin(
-    http: httpx2.AsyncClient, server_url: str, record: OAuthRecord, redirect_uri: str
+    http: httpx2.AsyncClient,
+    server_url: str,
+    record: OAuthRecord,
+    redirect_uri: str,
+    *,
+    name: str = "?",
 ) -> tuple[str, OAuthRecord]:
     """The authorization URL to send the user to, and the record to store until
-    the callback. Raises :class:`AuthorizationFailed` naming what went wrong."""
+    the callback. Raises :class:`AuthorizationFailed` naming what went wrong
+    (``name``, the server's, is for the logs), and
+    :class:`~holdfast_shared.outbound.DestinationNotAllowed` naming the field
+    whose URL the outbound policy refused."""
+    stage = _Stage()
     try:
-        resource, metadata, challenged = await _discover(http, server_url)
+        resource, metadata, challenged = await _discover(http, server_url, stage)
         client_metadata = _client_metadata(record, redirect_uri)
         scope = record.scope or get_client_metadata_scopes(
             challenged, resource, metadata, client_metadata.grant_types
@@ -220,10 +275,18 @@ async def begin(
             registration = create_client_registration_request(
                 metadata, client_metadata, _origin(server_url)
             )
-            client = await handle_registration_response(await http.send(registration))
-            check_registration_usable(client)
-    except (OAuthFlowError, OAuthRegistrationError) as exc:
-        raise AuthorizationFailed(str(exc)) from None
+            stage.loc = ("authorization_server_metadata", "registration_endpoint")
+            client = await _register(http, registration, name)
+    except DestinationNotAllowed as exc:
+        raise exc.at(stage.loc) from None
+    except OAuthRegistrationError as exc:
+        log.debug("server %s: client registration: %s", name, exc)
+        raise AuthorizationFailed("the registered client cannot be used") from None
+    except OAuthFlowError as exc:  # its message may hold what a server answered
+        log.debug("server %s: OAuth discovery: %s", name, exc)
+        raise AuthorizationFailed(
+            "the server's OAuth metadata could not be discovered or is invalid"
+        ) from None
     except httpx2.HTTPError as exc:
         raise AuthorizationFailed(
             f"cannot reach the server or its authorization server: {type(exc).__name__}"
@@ -269,7 +332,9 @@ async def complete(
     http: httpx2.AsyncClient, server_url: str, record: OAuthRecord, *, code: str, state: str
 ) -> OAuthRecord:
     """The record with the tokens the code buys; :class:`AuthorizationFailed` if it
-    buys none (wrong or expired state, a refused code)."""
+    buys none (wrong or expired state, a refused code);
+    :class:`~holdfast_shared.outbound.DestinationNotAllowed` (``token_endpoint``)
+    if the outbound policy refuses the token endpoint."""
     pending = record.pending
     if pending is None or not secrets.compare_digest(pending.state, state):
         raise AuthorizationFailed("no authorization of this server is waiting for that state")
@@ -295,7 +360,10 @@ async def complete(
         data, headers = context.prepare_token_auth(
             data, {"Content-Type": "application/x-www-form-urlencoded"}
         )
-        response = await http.post(endpoint, data=data, headers=headers)
+        try:
+            response = await http.post(endpoint, data=data, headers=headers)
+        except DestinationNotAllowed as exc:
+            raise exc.at(("authorization_server_metadata", "token_endpoint")) from None
         if response.status_code not in (200, 201):
             raise AuthorizationFailed(
                 f"the authorization server refused the code (HTTP {response.status_code}"

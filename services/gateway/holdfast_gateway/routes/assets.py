@@ -17,6 +17,13 @@ Credentials — a bearer token, OAuth client secrets and tokens, a stdio server'
 and never answered: a server is described with its ``env`` names and its auth
 type only. Another tenant's servers answer 404 ``ASSET_NOT_FOUND``, as names
 that do not exist do; so does a callback whose ``state`` no authorization waits for.
+
+Every URL the gateway or a tool-runner would connect to for the tenant passes
+the outbound policy (``holdfast_shared.outbound``, ``HOLDFAST_OUTBOUND_ALLOW``):
+a ``url`` leading to loopback, private or metadata addresses is 422
+``DESTINATION_NOT_ALLOWED`` naming it before anything is sent or stored, and so
+is an OAuth endpoint a server's metadata names. Errors say what status a remote
+answered, never its body.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from holdfast_shared.db.models import AssetServer
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import new_id
 from holdfast_shared.jobs import AssetProbe, AssetProbeResult
+from holdfast_shared.outbound import DestinationNotAllowed, OutboundPolicy
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -105,8 +113,9 @@ class HttpServer(_NewServer):
     """A server reached over streamable HTTP, with its credentials if it needs any."""
 
     transport: Literal["streamable-http"]
-    # Only its form is checked here: whether it leads to an MCP server is the
-    # probe's to find out (422 ASSET_UNAVAILABLE naming it if not).
+    # Only its form is checked here; where it leads, by the outbound policy (422
+    # DESTINATION_NOT_ALLOWED); whether an MCP server answers there, by the probe
+    # (422 ASSET_UNAVAILABLE naming it if not).
     url: Annotated[
         str, Field(pattern=r"^https?://[!-~]+$", max_length=2048, description="its MCP endpoint")
     ]
@@ -263,6 +272,21 @@ def _unavailable(body: HttpServer | StdioServer, result: AssetProbeResult) -> Ap
     return ApiError(422, ErrorCode.ASSET_UNAVAILABLE, message, details)
 
 
+def _not_allowed(exc: DestinationNotAllowed, server: str) -> ApiError:
+    """422 naming the field whose URL the outbound policy refused."""
+    problem = {"loc": list(exc.loc), "msg": exc.reason, "type": "destination_not_allowed"}
+    return ApiError(
+        422,
+        ErrorCode.DESTINATION_NOT_ALLOWED,
+        f"{server!r}: the engine may not connect there: {exc.reason}",
+        {"server": server, "errors": [problem]},
+    )
+
+
+def _outbound(state: GatewayState) -> OutboundPolicy:
+    return OutboundPolicy.from_settings(state.settings)
+
+
 async def _probe(state: GatewayState, tenant: str, name: str) -> AssetProbeResult:
     """Have a tool-runner connect to the server and list its tools."""
     reply = state.keys.asset_probe_reply(new_id("probe"))
@@ -306,6 +330,11 @@ async def register_server(
     """201 with the server and its tools; 422 ``ASSET_UNAVAILABLE`` (naming ``url``
     or ``command``) when it cannot be listed, and then nothing is kept."""
     vault = _vault(state)
+    if isinstance(body, HttpServer):
+        try:
+            await _outbound(state).check_url(body.url, ("body", "url"))
+        except DestinationNotAllowed as exc:
+            raise _not_allowed(exc, body.name) from None
     auth = body.auth if isinstance(body, HttpServer) else NoAuth(type="none")
     if isinstance(auth, BearerAuth):
         credentials = seal_credentials(vault, "bearer", auth.token)
@@ -429,7 +458,11 @@ def _state_hash(value: str) -> str:
 
 
 def _http(state: GatewayState) -> httpx2.AsyncClient:
-    return httpx2.AsyncClient(timeout=state.settings.asset_connect_timeout_seconds)
+    """A client for a tenant's destinations: every connection judged and pinned."""
+    return httpx2.AsyncClient(
+        timeout=state.settings.asset_connect_timeout_seconds,
+        transport=_outbound(state).transport(),
+    )
 
 
 @router.get(
@@ -457,8 +490,10 @@ async def connect_server(
     try:
         async with _http(state) as http:
             url, record = await begin(
-                http, row.url, open_oauth(vault, row.credentials), redirect_uri
+                http, row.url, open_oauth(vault, row.credentials), redirect_uri, name=name
             )
+    except DestinationNotAllowed as exc:
+        raise _not_allowed(exc, name) from None
     except AuthorizationFailed as exc:
         # As for a registration: the request is sound, what it leads to does not answer.
         raise ApiError(
@@ -526,6 +561,9 @@ async def oauth_callback(
             record = await complete(
                 http, row.url, open_oauth(vault, row.credentials), code=code, state=oauth_state
             )
+    except DestinationNotAllowed as exc:
+        await _forget_pending(state, row, vault)
+        raise _not_allowed(exc, name) from None
     except AuthorizationFailed as exc:
         await _forget_pending(state, row, vault)
         raise _callback_failed(f"the authorization of {name!r} failed: {exc}") from None

@@ -39,6 +39,7 @@ from holdfast_shared.assets.oauth import NeedsAuthorization, OAuthRecord, Stored
 from holdfast_shared.assets.servers import open_oauth, seal_credentials
 from holdfast_shared.db.models import AssetServer
 from holdfast_shared.jobs import AssetProbeResult, ToolCallJob, ToolOutcome
+from holdfast_shared.outbound import DestinationNotAllowed, OutboundPolicy
 from mcp import Client, MCPError
 from mcp.client._transport import TransportStreams
 from mcp_types import CONNECTION_CLOSED
@@ -104,6 +105,8 @@ def _describe(exc: BaseException) -> str:
         return _describe(inner)
     if isinstance(exc, NeedsAuthorization):
         return str(exc)
+    if isinstance(exc, DestinationNotAllowed):
+        return f"the engine may not connect there: {exc.reason}"
     if isinstance(exc, MCPError):
         if exc.error.code == CONNECTION_CLOSED:
             return f"the connection to the server was lost ({exc.error.message})"
@@ -132,6 +135,7 @@ class Connectors:
         stdio_paths: tuple[Path, ...],
         idle_seconds: float,
         connect_timeout: float,
+        outbound: OutboundPolicy,
     ) -> None:
         self.db = sessions
         self.vault = vault
@@ -139,6 +143,7 @@ class Connectors:
         self.launchers = launchers
         self.stdio_paths = stdio_paths
         self.connect_timeout = connect_timeout
+        self.outbound = outbound
         self.sessions = Sessions(idle_seconds=idle_seconds)
         # (tenant, server) → (until, row, opened config): see _server.
         self._opened: dict[tuple[str, str], tuple[float, AssetServer, ServerConfig]] = {}
@@ -308,7 +313,11 @@ class Connectors:
             oauth = self._oauth(config, record)
             auth.append(oauth)
         async with http_transport(
-            config.url, headers=headers, auth=oauth, timeout_seconds=self.connect_timeout
+            config.url,
+            headers=headers,
+            auth=oauth,
+            timeout_seconds=self.connect_timeout,
+            outbound=self.outbound,
         ) as streams:
             yield streams
 

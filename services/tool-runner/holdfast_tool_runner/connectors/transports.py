@@ -9,7 +9,10 @@ each line parsed by the SDK's own message adapter. The protocol above the
 pipes — initialization, requests, notifications — is the SDK's ``Client``.
 
 An HTTP server gets an ``httpx2`` client carrying its credentials: a bearer
-token as a header, or :class:`~holdfast_shared.assets.oauth.StoredOAuth`.
+token as a header, or :class:`~holdfast_shared.assets.oauth.StoredOAuth`; its
+transport is the outbound policy's (``holdfast_shared.outbound``), so the
+server's URL, its token endpoint and any redirect are judged as they are
+dialled, and dialled at the address judged.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import AsyncIterator
 import anyio
 import httpx2
 import mcp_types
+from holdfast_shared.outbound import OutboundPolicy
 from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
@@ -95,13 +99,24 @@ async def resident_transport(resident: Resident) -> AsyncIterator[TransportStrea
 
 @contextlib.asynccontextmanager
 async def http_transport(
-    url: str, *, headers: dict[str, str], auth: httpx2.Auth | None, timeout_seconds: float
+    url: str,
+    *,
+    headers: dict[str, str],
+    auth: httpx2.Auth | None,
+    timeout_seconds: float,
+    outbound: OutboundPolicy,
 ) -> AsyncIterator[TransportStreams]:
-    """The SDK's streamable-HTTP transport to ``url`` with these credentials."""
+    """The SDK's streamable-HTTP transport to ``url`` with these credentials.
+
+    Raises :class:`~holdfast_shared.outbound.DestinationNotAllowed` before
+    anything is sent if the policy refuses ``url``: the SDK's transport would
+    only log a refusal from inside its tasks."""
+    await outbound.check_url(url, ("url",))
     client = httpx2.AsyncClient(
         headers=headers,
         auth=auth,
         timeout=httpx2.Timeout(timeout_seconds, read=max(timeout_seconds, 300.0)),
+        transport=outbound.transport(("url",)),
     )
     async with client, streamable_http_client(url, http_client=client) as streams:
         yield streams
