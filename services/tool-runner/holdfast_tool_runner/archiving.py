@@ -19,7 +19,9 @@ archived a newer one — it restores the head first. A copy that is not the head
 is never archived over it.
 
 Locks: a tool call holds the task's lock shared (parallel calls of one task run
-together); a checkpoint, restore or hibernation holds it exclusive. They are
+together); a checkpoint, restore or hibernation holds it exclusive. What outlives
+a call (a stdio MCP server) is stopped for a checkpoint (``sandbox.frozen``) and
+killed before a restore (``reap_leftovers``). They are
 ``flock``s on a file, so runner processes sharing the workspace root agree,
 and are taken by polling, so a waiter never blocks a thread.
 """
@@ -49,7 +51,7 @@ from holdfast_shared.workspace_archive import (
 )
 from redis.asyncio import Redis
 
-from holdfast_tool_runner.sandbox import reap_leftovers
+from holdfast_tool_runner.sandbox import frozen, reap_leftovers
 from holdfast_tool_runner.workspaces import WorkspaceError, Workspaces
 
 log = logging.getLogger(__name__)
@@ -248,16 +250,19 @@ class WorkspaceArchiving:
             log.info("workspace of task %s here is not its head %s; not archived", task_id, head)
             return head
         path = self.workspaces.path(tenant_id, task_id)
-        result = await checkpoint(
-            self.store,
-            tenant_id,
-            task_id,
-            path,
-            previous=state[1] if state else None,
-            # "Nothing changed" may answer with this archive only if it is the head.
-            previous_id=state[0] if state and state[0] == head else None,
-            reason=reason,
-        )
+        # The lock keeps the task's calls out, not a process that outlives its call
+        # (a stdio MCP server): it is stopped until the archive is taken.
+        async with frozen(path):
+            result = await checkpoint(
+                self.store,
+                tenant_id,
+                task_id,
+                path,
+                previous=state[1] if state else None,
+                # "Nothing changed" may answer with this archive only if it is the head.
+                previous_id=state[0] if state and state[0] == head else None,
+                reason=reason,
+            )
         if result.created:
             await asyncio.to_thread(
                 self._write_state, tenant_id, task_id, result.archive_id, result.manifest
