@@ -148,15 +148,24 @@ async def test_second_execute_while_running_is_409(
     assert users == 1, "the refused message was not stored"
 
 
-async def test_health_needs_no_key(engine: EngineProcesses) -> None:
+async def test_health_needs_no_key_and_tells_details_only_with_one(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
     async with httpx.AsyncClient(base_url=engine.url) as client:
-        response = await client.get("/health")
-    body = response.json()
-    assert response.status_code == 200
+        bare = await client.get("/health")
+        keyed = await client.get("/health", headers={"X-Engine-Key": api_keys["main"]})
+        bad = await client.get("/health", headers={"X-Engine-Key": "hf_not-a-key"})
+    # A probe without a key learns the status and nothing about the deployment.
+    assert bare.status_code == 200
+    assert bare.json() == {"status": "ok"}
+    body = keyed.json()
+    assert keyed.status_code == 200
     assert body["status"] == "ok"
     assert body["uptime_seconds"] > 0
     assert body["subsystems"]["redis"]["status"] == "ok"
     assert body["subsystems"]["postgres"]["status"] == "ok"
+    assert "memory" in body["subsystems"] and "fanout" in body["subsystems"]
+    assert bad.status_code == 401 and bad.json()["error"] == "INVALID_KEY"
 
 
 async def test_a_lock_left_by_a_dead_gateway_does_not_block_the_task(

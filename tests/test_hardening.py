@@ -642,7 +642,7 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
         ("get", "/assets/servers/{name}/connect"): common | {"200", "404", "409"},
         # The authorization server sends the browser here: no API key, the state names it.
         ("get", "/assets/oauth/callback"): {"200", "400", "404", "422", "500", "503"},
-        ("get", "/health"): {"200", "500", "503"},
+        ("get", "/health"): {"200", "401", "429", "500", "503"},
         ("post", "/v1/execution"): common | {"201", "404", "413", "415"},
         ("get", "/v1/execution"): common | {"200"},
         ("get", "/v1/execution/{execution_id}"): common | {"200", "404"},

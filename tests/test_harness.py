@@ -165,7 +165,9 @@ def test_close_leaves_no_process_key_database_mount_or_file(
         )
         assert completed(events)
         assert any(e["type"] == "tool_result" for e in events)
-        runners = httpx.get(f"{engine.url}/health").json()["subsystems"]["tool_runners"]
+        keyed = {"X-Engine-Key": engine.api_key}
+        health = httpx.get(f"{engine.url}/health", headers=keyed).json()
+        runners = health["subsystems"]["tool_runners"]
         mounted = any(r.get("workspaces", {}).get("disk") != "none" for r in runners.values())
         if mounted:
             assert mounts_under(engine.workspace_root), "the workspace was not mounted"

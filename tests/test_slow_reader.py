@@ -18,7 +18,11 @@ import httpx
 import pytest
 
 from tests.conftest import engine_env
-from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
+from tests.isolation import (  # noqa: F401 (fixtures)
+    API_KEY,
+    own_api_keys,
+    own_database_url,
+)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute, replay
 
@@ -88,7 +92,7 @@ def frame_ids(raw: bytes) -> tuple[list[int], list[str]]:
 
 
 async def fanout(client: httpx.AsyncClient, base: str) -> dict[str, Any]:
-    health = (await client.get(f"{base}/health")).json()
+    health = (await client.get(f"{base}/health", headers={"X-Engine-Key": API_KEY})).json()
     return dict(health["subsystems"]["fanout"])
 
 

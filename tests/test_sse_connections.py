@@ -19,7 +19,11 @@ import httpx
 import pytest
 
 from tests.conftest import engine_env
-from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
+from tests.isolation import (  # noqa: F401 (fixtures)
+    API_KEY,
+    own_api_keys,
+    own_database_url,
+)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
 
@@ -39,7 +43,7 @@ def engine(
 
 
 async def subscribers(client: httpx.AsyncClient, base: str) -> int:
-    health = (await client.get(f"{base}/health")).json()
+    health = (await client.get(f"{base}/health", headers={"X-Engine-Key": API_KEY})).json()
     return int(health["subsystems"]["fanout"]["subscribers"])
 
 

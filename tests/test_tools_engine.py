@@ -367,8 +367,11 @@ async def test_the_model_asks_the_user_and_the_answer_is_the_result(
     assert got.events[-1]["phase"] == "completed"
 
 
-async def test_health_lists_the_tool_runners_and_their_sandbox(engine: EngineProcesses) -> None:
-    async with httpx.AsyncClient(timeout=10) as client:
+async def test_health_lists_the_tool_runners_and_their_sandbox(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    keyed = {"X-Engine-Key": api_keys["main"]}
+    async with httpx.AsyncClient(timeout=10, headers=keyed) as client:
         for _ in range(100):  # the runner announces itself once its probe has run
             runners = (
                 (await client.get(f"{engine.url}/health"))

@@ -356,7 +356,8 @@ async def test_health_says_how_memory_is_searched_and_vectors_follow_the_rows(
     url, key = engine.url, api_keys["main"]
     user = f"u-{secrets.token_hex(4)}"
     async with httpx.AsyncClient(timeout=30) as client:
-        memory = (await client.get(f"{url}/health")).json()["subsystems"]["memory"]
+        health = await client.get(f"{url}/health", headers={"X-Engine-Key": key})
+        memory = health.json()["subsystems"]["memory"]
         said = await execute(
             client, url, key, {"message": "My kayak is a yellow Tahe.", "user_id": user}
         )

@@ -1,4 +1,12 @@
-"""``GET /health``: liveness of the gateway and the servers it depends on."""
+"""``GET /health``: liveness of the gateway and the servers it depends on.
+
+Without a key it answers only ``{"status": "ok"|"degraded"}`` (200 or 503):
+enough for load balancers, orchestrators' probes and ``holdfast up``, which hold
+no key, and nothing about the deployment (runner host names, sandbox, landlock
+and pgvector versions) for whoever can reach the port. With a valid
+``X-Engine-Key`` it adds the uptime and each subsystem; a bad key is 401 (429
+past the failure limit), as on every other route.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ import contextlib
 import time
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from holdfast_shared.memory import vectors
 from holdfast_shared.runners import live_runners
@@ -15,7 +23,7 @@ from pydantic import BaseModel
 from sqlalchemy import text
 
 from holdfast_gateway import errors
-from holdfast_gateway.deps import StateDep
+from holdfast_gateway.deps import StateDep, authenticate
 
 router = APIRouter()
 
@@ -33,11 +41,12 @@ async def _probe(check: Any) -> dict[str, Any]:
 
 class Health(BaseModel):
     status: Literal["ok", "degraded"]
-    uptime_seconds: float
+    # Only with a valid X-Engine-Key:
+    uptime_seconds: float | None = None
     # redis, postgres: {"status": "ok"|"error", "latency_ms"|"error"}; fanout;
     # tool_runners: each live runner's sandbox; memory: how memories are searched
     # (full text, plus pgvector similarity where installed).
-    subsystems: dict[str, Any]
+    subsystems: dict[str, Any] | None = None
 
 
 async def _memory(state: Any) -> dict[str, Any]:
@@ -60,17 +69,26 @@ async def _memory(state: Any) -> dict[str, Any]:
     responses={
         200: {"model": Health, "description": "Redis and PostgreSQL answer"},
         503: {"model": Health, "description": "Redis or PostgreSQL does not answer"},
-        **errors.responses(500),
+        **errors.responses(401, 429, 500),
     },
-    summary="Health of the gateway, Redis and PostgreSQL (no key needed)",
+    summary="Health of the gateway, Redis and PostgreSQL: the status without a key, "
+    "each subsystem with one",
+    # The key is optional here: {} is "no security", the other "with the key".
+    openapi_extra={"security": [{}, {"EngineKey": []}]},
 )
-async def health(state: StateDep) -> JSONResponse:
+async def health(request: Request, state: StateDep) -> JSONResponse:
+    key = request.headers.get("x-engine-key")
+    if key:
+        await authenticate(request, state, key)  # 401/429 for a bad one
+
     async def pg() -> None:
         async with state.sessions() as session:
             await session.execute(text("SELECT 1"))
 
     redis, postgres = await asyncio.gather(_probe(state.redis.ping()), _probe(pg()))
     ok = redis["status"] == "ok" and postgres["status"] == "ok"
+    if not key:
+        return JSONResponse({"status": "ok" if ok else "degraded"}, status_code=200 if ok else 503)
     subsystems: dict[str, Any] = {"redis": redis, "postgres": postgres, "fanout": state.hub.stats}
     if postgres["status"] == "ok":
         with contextlib.suppress(Exception):
