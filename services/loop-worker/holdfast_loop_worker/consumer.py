@@ -232,10 +232,13 @@ class TurnConsumer:
             outcome = await observed_turn(job, runner.run)
         except asyncio.CancelledError:
             return  # shutting down without a hand-back: the entry stays pending
-        except Exception:
+        except Exception as exc:
             # Left unacknowledged: the job stays pending and is taken over, at
             # once since the lease is given up (if PostgreSQL still answers).
-            log.exception("turn %s could not be run", job.turn_id)
+            if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+                log.warning("turn %s paused while Redis is unreachable", job.turn_id)
+            else:
+                log.exception("turn %s could not be run", job.turn_id)
             with contextlib.suppress(Exception):
                 await self.leases.release(job.turn_id)
             return

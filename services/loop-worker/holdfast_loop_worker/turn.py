@@ -92,6 +92,8 @@ from holdfast_shared.tools import (
 )
 from holdfast_shared.turnlock import TurnLock
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy import Executable, select, update
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -335,6 +337,18 @@ class TurnRunner:
         except AgentNotFound as exc:
             # A custom agent deleted before this (resumed) turn could read it.
             return await self._fail(exc.code, exc.message, exc.details)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # Redis restarting, or loading its file after one (BusyLoadingError):
+            # a transient state, not a reason to end the user's turn. The turn is
+            # left as a crash leaves it: the consumer keeps its job pending and
+            # gives up its lease, and it resumes from its last snapshot once
+            # Redis answers (what it emitted since is named by turn_resumed).
+            log.warning(
+                "turn %s stopped by an unreachable Redis (%s); it resumes once Redis answers",
+                self.job.turn_id,
+                type(exc).__name__,
+            )
+            raise
         except Exception as exc:
             log.exception("turn %s failed", self.job.turn_id)
             return await self._fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")

@@ -4,7 +4,8 @@ The job streams (``turns``, ``tools``, ``trajectories``) and the turns
 parked on a question belong to no one process, so exactly one kind of
 process reports them: the gateway, on each scrape of its ``/metrics``, at
 most once per ``min_interval`` (several gateways or scrapers cost one
-pipeline of nine Redis commands and one indexed count each interval).
+pipeline of nine Redis commands and one indexed count each interval; on
+Redis 6.2, which reports no lag, one XRANGE per group that has one).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from holdfast_shared.db.models import HitlRequestRecord
 from holdfast_shared.keys import LEARNING_GROUP, TOOLS_GROUP, TURNS_GROUP, Keys
 from holdfast_shared.observability import metrics
+from holdfast_shared.streams import group_lag
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +75,14 @@ class QueueGauges:
                 pipe.xpending(key, group)
             replies = await pipe.execute(raise_on_error=False)
         now_ms = time.time() * 1000
-        for n, (stream, (_key, group)) in enumerate(self.streams.items()):
+        for n, (stream, (key, group)) in enumerate(self.streams.items()):
             length, groups, pending = replies[3 * n : 3 * n + 3]
             metrics.STREAM_LENGTH.labels(stream).set(0 if _missing(length) else int(length))
             info: dict[str, object] = {}
             if not _missing(groups):
                 info = next((g for g in groups if _text(g.get("name")) == group), {})
-            metrics.STREAM_LAG.labels(stream, group).set(float(str(info.get("lag") or 0)))
+            lag = await group_lag(self.redis, key, info) if info else 0
+            metrics.STREAM_LAG.labels(stream, group).set(lag)
             if _missing(pending) or not pending.get("pending"):
                 metrics.STREAM_PENDING.labels(stream, group).set(0)
                 metrics.STREAM_OLDEST_PENDING.labels(stream, group).set(0)

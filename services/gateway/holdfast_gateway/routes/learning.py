@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter
 from holdfast_shared.db.models import TrajectoryRecord
 from holdfast_shared.keys import LEARNING_GROUP
+from holdfast_shared.streams import group_lag
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -66,12 +67,11 @@ async def _stream_status(redis: Redis, stream: str) -> dict[str, Any]:
     group = next((g for g in groups if g.get("name") == LEARNING_GROUP), None)
     if group is None:
         return {"length": length, "group": False, "pending": None, "lag": None}
-    lag = group.get("lag")
     return {
         "length": length,
         "group": True,
         "pending": int(group.get("pending") or 0),
-        "lag": int(lag) if lag is not None else None,
+        "lag": await group_lag(redis, stream, group),
     }
 
 
