@@ -9,6 +9,8 @@ and checking are also tested on their own with a clock passed in.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -251,3 +253,21 @@ async def test_bad_requests_for_a_token_name_the_field(
     assert keyless.status_code == 401 and keyless.json()["error"] == "INVALID_KEY"
     text = await client.post(url, content="task_id=x", headers=headers)
     assert text.status_code == 415
+
+
+def test_a_token_shows_neither_its_tenant_nor_its_task_in_any_decoding() -> None:
+    tokens = StreamTokens(b"s" * 32, ttl_seconds=300)
+    tenant, task_id, name = "tenant-opaque-7f3a", "tk_opaque_91c2d4", "task-opaque-55e0"
+    token = tokens.encode(tokens.issue(tenant, task_id, name, 424242))
+    readings = [token.encode()]
+    for part in token.split("."):
+        for start in range(4):  # every alignment of a base64 reading
+            chunk = part[start:]
+            chunk = chunk[: len(chunk) - len(chunk) % 4]
+            for decode in (base64.urlsafe_b64decode, base64.b64decode):
+                with contextlib.suppress(ValueError):
+                    readings.append(decode(chunk))
+    for secret in (tenant, task_id, name, "424242"):
+        assert all(secret.encode() not in reading for reading in readings), secret
+    # Still a working token.
+    assert tokens.decode(token).task_id == task_id

@@ -7,13 +7,15 @@ few minutes (``HOLDFAST_STREAM_TOKEN_TTL_SECONDS``) and passes it as
 ``GET /execute/replay?token=``; the browser's automatic reconnects reuse that
 URL and add ``Last-Event-ID`` by themselves.
 
-A token is ``v1.<payload>.<signature>``: the payload (base64url JSON) names
-the tenant, the task (its engine id and its name), the key that asked for it
-and the expiry; the signature is HMAC-SHA256 over ``v1.<payload>`` with
-``HOLDFAST_STREAM_TOKEN_SECRET``, or with a secret derived from the first
-``HOLDFAST_ASSET_ENCRYPTION_KEY`` (which every gateway of a deployment already
-shares, so any gateway accepts any other's tokens, with nothing new to keep).
-Nothing is stored: a token stops working at its expiry, when the key that
+A token is ``e1.<nonce>.<sealed>`` (base64url): its payload names the tenant,
+the task (its engine id and its name), the key that asked for it and the
+expiry, sealed with AES-256-GCM, so it is opaque to whoever holds or logs the
+URL (it once was readable JSON: the tenant, the internal task id and the key
+id for anyone to read) and cannot be changed without the key. The key is
+derived from ``HOLDFAST_STREAM_TOKEN_SECRET``, or from a secret derived from
+the first ``HOLDFAST_ASSET_ENCRYPTION_KEY`` (which every gateway of a
+deployment already shares, so any gateway accepts any other's tokens, with
+nothing new to keep). Nothing is stored: a token stops working at its expiry, when the key that
 asked for it is revoked (within the auth cache's TTL), or when its task is
 deleted (a new task of the same name has another id).
 """
@@ -25,11 +27,14 @@ import binascii
 import hashlib
 import hmac
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.settings import Settings
 
@@ -37,9 +42,12 @@ from holdfast_gateway.errors import ApiError
 
 T = TypeVar("T")
 
-_VERSION = "v1"
+# "e": encrypted; v1 tokens (signed, readable) are no longer accepted.
+_VERSION = "e1"
 # Domain separation: the asset key's other use (Fernet) never sees this MAC.
 _DERIVATION_LABEL = b"holdfast stream-token secret v1"
+_SEALING_LABEL = b"holdfast stream-token sealing e1"
+_NONCE_BYTES = 12
 # A token is a few hundred bytes; anything much longer is not one of ours.
 MAX_TOKEN_CHARS = 2048
 
@@ -88,12 +96,9 @@ class StreamTokens:
     def __init__(
         self, secret: bytes, ttl_seconds: int, clock: Callable[[], float] = time.time
     ) -> None:
-        self._secret = secret
+        self._aead = AESGCM(hmac.new(secret, _SEALING_LABEL, hashlib.sha256).digest())
         self.ttl = ttl_seconds
         self.clock = clock
-
-    def _sign(self, signed: str) -> str:
-        return _b64(hmac.new(self._secret, signed.encode(), hashlib.sha256).digest())
 
     def issue(self, tenant: str, task_id: str, task_name: str, key_id: int) -> StreamGrant:
         """A grant for the task, expiring ``ttl`` seconds from now."""
@@ -107,26 +112,29 @@ class StreamTokens:
             "k": grant.key_id,
             "exp": grant.expires_at,
         }
-        body = _b64(json.dumps(payload, separators=(",", ":")).encode())
-        signed = f"{_VERSION}.{body}"
-        return f"{signed}.{self._sign(signed)}"
+        nonce = os.urandom(_NONCE_BYTES)
+        sealed = self._aead.encrypt(
+            nonce, json.dumps(payload, separators=(",", ":")).encode(), _VERSION.encode()
+        )
+        return f"{_VERSION}.{_b64(nonce)}.{_b64(sealed)}"
 
     def decode(self, token: str) -> StreamGrant:
         """The grant ``token`` carries; :class:`ApiError` 401 ``STREAM_TOKEN_INVALID``
-        when it is malformed or not signed with this secret, 401
+        when it is malformed or not sealed with this secret, 401
         ``STREAM_TOKEN_EXPIRED`` when it has expired."""
         if len(token) > MAX_TOKEN_CHARS:
             raise _invalid("too long")
         parts = token.split(".")
         if len(parts) != 3 or parts[0] != _VERSION:
-            raise _invalid("not a v1 token")
-        signed = f"{parts[0]}.{parts[1]}"
-        # Compared before the payload is parsed: nothing unsigned is interpreted.
-        # As bytes: compare_digest refuses str with non-ASCII characters.
-        if not hmac.compare_digest(self._sign(signed).encode(), parts[2].encode()):
-            raise _invalid("bad signature")
+            raise _invalid(f"not an {_VERSION} token")
         try:
-            payload: Any = json.loads(_unb64(parts[1]))
+            nonce, sealed = _unb64(parts[1]), _unb64(parts[2])
+            # Authenticated before the payload is parsed: nothing forged is interpreted.
+            opened = self._aead.decrypt(nonce, sealed, _VERSION.encode())
+        except (binascii.Error, ValueError, InvalidTag):
+            raise _invalid("not sealed with this gateway's secret") from None
+        try:
+            payload: Any = json.loads(opened)
             grant = StreamGrant(
                 tenant=_typed(payload["tn"], str),
                 task_id=_typed(payload["ti"], str),
@@ -135,7 +143,7 @@ class StreamTokens:
                 expires_at=_typed(payload["exp"], int),
             )
         except (binascii.Error, ValueError, KeyError, TypeError):
-            # Signed by us yet unreadable: a secret shared with something else.
+            # Sealed by us yet unreadable: a secret shared with something else.
             raise _invalid("unreadable payload") from None
         if grant.expires_at <= self.clock():
             raise ApiError(
