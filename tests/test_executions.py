@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from holdfast_shared.db.models import Execution, ExecutionCheckpoint, Message, Turn
+from holdfast_shared.keys import Keys
+from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -228,6 +230,34 @@ async def test_resume_without_checkpoint_goes_on_from_the_pause(api: Api, sessio
     await api.wait(execution_id, "completed")
     row = await row_of(sessions, execution_id)
     assert row.active_ms < 10_000
+
+
+async def test_a_pause_reaps_what_the_tasks_tools_left_running(
+    api: Api, sessions: Any, redis: Redis, redis_prefix: str
+) -> None:
+    """Security issue #23: a stdio MCP server outlived the pause and changed the
+    workspace while a checkpoint archived it. Parking on a pause sends the
+    tool-runners the turn-end reap (which closes the task's stdio sessions and kills
+    its processes), before the turn ends."""
+    async with redis.pubsub() as pubsub:
+        await pubsub.subscribe(Keys(f"{redis_prefix}executions:").tools_reap)
+        created = await api.create(input=bash("sleep 1; echo done", text="x ", deltas=10))
+        execution_id = created["id"]
+        assert (await api.call("POST", f"/v1/execution/{execution_id}/pause")).status_code == 202
+        row = await row_of(sessions, execution_id)
+        reaped: list[str] = []
+
+        async def reap_sent() -> bool:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+            if message is not None:
+                reaped.append(str(message["data"]))
+            return f"{TENANTS['main']} {row.task_id}" in reaped
+
+        await until(reap_sent)
+        assert (await api.get(execution_id))["status"] == "paused", "sent by the pause"
+    resumed = await api.call("POST", f"/v1/execution/{execution_id}/resume", {})
+    assert resumed.status_code == 200
+    await api.wait(execution_id, "completed")
 
 
 async def test_delete_while_running_terminates_first(

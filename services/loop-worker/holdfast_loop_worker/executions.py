@@ -269,6 +269,13 @@ async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:
             .values(status="paused", lease_owner=None, lease_until=None)
         )
         await executions.mark_paused(session, job.task_id, runner.state.active_ms)
+    if ctx.tools is not None:
+        # A pause may last hours, and checkpoints are taken during one: what the
+        # task's tools left running (a stdio MCP server, which a turn's end would
+        # reap) must not wait with it, nor change the workspace meanwhile
+        # (security issue #23). Sent whether this run used tools or not: a
+        # session may be from before a park of the same turn.
+        await ctx.tools.turn_ended(job.tenant_id, job.task_id)
     if await runner._cancel_requested():
         # A cancel that came while the turn was stopping for the pause found it
         # stopping already and was not taken: the turn goes back to the queue,
