@@ -4,9 +4,11 @@ A session costs a connection and a handshake (for a stdio server, a sandboxed
 process and its start-up), so a runner keeps one per (tenant, task, server) and
 reuses it for every call of the task that reaches this runner. Who closes one:
 
-* for a stdio server, the task's turn ending (the runner's reap request:
-  :meth:`Sessions.close_task`), since the reaper kills what runs in the task's
-  sandbox then anyway; a session over HTTP outlives the turn, so the task's next
+* for a stdio server, the task's turn ending or pausing (the runner's reap
+  request: :meth:`Sessions.close_task`), since the reaper kills what runs in the
+  task's sandbox then anyway (a paused task's server must not go on changing
+  its workspace while it is checkpointed; a HITL park keeps it: the session
+  lasts the turn); a session over HTTP outlives the turn, so the task's next
   turns call on it without a new handshake;
 * the task's deletion (:meth:`Sessions.close_task` with ``turn_end=False``);
 * idleness, ``HOLDFAST_ASSET_SESSION_IDLE_SECONDS`` without a call (:meth:`sweep`);
