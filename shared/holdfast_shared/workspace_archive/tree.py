@@ -324,7 +324,7 @@ def _scan(root: Path, previous: Manifest | None) -> tuple[dict[str, Entry], list
         if kind == "dir":
             entries[rel] = Entry("dir", mode=mode)
         elif kind == "link":
-            with contextlib.suppress(FileNotFoundError, OSError):
+            with contextlib.suppress(OSError):  # gone, or no longer a link
                 entries[rel] = Entry("link", target=os.readlink(name, dir_fd=fd))
         elif kind == "file":
             before = known.get(rel)
@@ -574,9 +574,28 @@ def _set_at(dir_fd: int, name: str, entry: Entry) -> None:
         # An O_PATH fd takes no fchmod; its /proc link reaches exactly its inode
         # (Python 3.11 has no fchmodat without following).
         at = f"/proc/self/fd/{fd}"
-        os.chmod(at, entry.mode)
+        try:
+            os.chmod(at, entry.mode)
+        except FileNotFoundError:
+            _set_without_proc(dir_fd, name, entry)
+            return
         if entry.kind == "file":
             os.utime(at, ns=(entry.mtime_ns, entry.mtime_ns))
+    finally:
+        os.close(fd)
+
+
+def _set_without_proc(dir_fd: int, name: str, entry: Entry) -> None:
+    """No /proc mounted: an fd that can be fchmod'ed (needs read permission for
+    whoever is not root, which the restore's own files and directories have)."""
+    flags = _READ | (os.O_DIRECTORY if entry.kind == "dir" else 0)
+    fd = os.open(name, flags, dir_fd=dir_fd)
+    try:
+        if _kind(os.fstat(fd).st_mode) != entry.kind:
+            raise ArchiveError(f"{name!r} of the workspace changed kind during the restore")
+        os.fchmod(fd, entry.mode)
+        if entry.kind == "file":
+            os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
     finally:
         os.close(fd)
 
