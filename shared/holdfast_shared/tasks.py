@@ -35,6 +35,27 @@ async def find_task(session: AsyncSession, tenant_id: str, name: str) -> TaskRef
     return None if task_id is None else TaskRef(task_id, name)
 
 
+async def lock_task(
+    session: AsyncSession, tenant_id: str, name: str, *, deleting: bool = False
+) -> TaskRef | None:
+    """:func:`find_task`, holding the task's row until the transaction ends.
+
+    Whoever deletes the task (``deleting``) or adds a turn to it takes this
+    lock first, so the two never interleave: a turn is never written for a
+    task being deleted, and a delete never takes away a turn it did not see.
+    None when the tenant has no such task (or it was deleted while we waited).
+
+    Adding a turn takes ``FOR NO KEY UPDATE``: it excludes a delete (and
+    another turn's start) but not the rows other transactions insert that
+    reference the task (a running turn's messages)."""
+    task_id = await session.scalar(
+        select(Task.id)
+        .where(Task.tenant_id == tenant_id, Task.name == name)
+        .with_for_update(key_share=not deleting)
+    )
+    return None if task_id is None else TaskRef(task_id, name)
+
+
 async def task_name(session: AsyncSession, task_id: str) -> str | None:
     """The client's name for the engine's task ``task_id``; None once it is deleted."""
     return await session.scalar(select(Task.name).where(Task.id == task_id))

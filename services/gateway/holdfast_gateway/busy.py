@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from holdfast_shared.conversation import user_content
-from holdfast_shared.db.models import EventRecord, Message, Task, Turn
+from holdfast_shared.db.models import EventRecord, Message, Turn
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import UserMessage, parse_event, turn_of
 from holdfast_shared.ids import new_id
-from holdfast_shared.tasks import TaskRef, find_task
+from holdfast_shared.tasks import TaskRef, find_task, lock_task
 from holdfast_shared.turnqueue import PENDING_BY_MODE, count_pending, start_next
 from sqlalchemy import func, select
 
@@ -129,7 +129,10 @@ async def _store(
         await check_waiting_turn(session, state.settings, tenant_id)
         # The task's row lock orders its queue: the bound below holds under
         # concurrent requests, and arrival order is commit order.
-        await session.execute(select(Task.id).where(Task.id == task.id).with_for_update())
+        # It also excludes DELETE /tasks (which locks it first): gone by now, a 404.
+        locked = await lock_task(session, tenant_id, name)
+        if locked is None or locked.id != task.id:
+            raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"no task {name!r}", {"task_id": name})
         waiting = await count_pending(session, task.id)
         limit = state.settings.max_queued_turns
         if waiting >= limit:

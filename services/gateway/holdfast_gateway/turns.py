@@ -2,7 +2,8 @@
 
 Order matters so that a refused request writes nothing and an accepted one
 is durable before it is acknowledged. In one transaction: the task (created
-if new; another tenant's is a 404), the turn lock (409 when held), the turn
+if new; another tenant's is a 404) with its row locked against a racing
+``DELETE /tasks``, the turn lock (409 when held), the turn
 row and the user message; after the commit, the ``started`` event and the
 job on the turns stream. A failure after the lock releases it again.
 """
@@ -24,7 +25,7 @@ from holdfast_shared.ids import created_ms, new_id, new_task_id
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.observability import tracing
 from holdfast_shared.observability.scopes import traced
-from holdfast_shared.tasks import TaskRef, find_task
+from holdfast_shared.tasks import TaskRef, lock_task
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -46,26 +47,35 @@ async def _get_or_create_task(
     session: AsyncSession, tenant_id: str, name: str, agent: str | None, model: str | None
 ) -> tuple[TaskRef, bool]:
     """The tenant's task called ``name``, created (True) by this transaction
-    when the tenant has none. Names are per tenant: another tenant's task of
-    the same name is neither seen nor touched."""
-    created = await session.scalar(
-        insert(Task)
-        .values(id=new_task_id(), tenant_id=tenant_id, name=name, agent=agent, model=model)
-        .on_conflict_do_nothing(constraint="uq_tasks_tenant_id_name")
-        .returning(Task.id)
-    )
-    if created is not None:
-        return TaskRef(created, name), True
-    found = await find_task(session, tenant_id, name)
-    if found is None:
-        # Deleted between the insert and this read: the client may retry.
-        raise ApiError(
-            409,
-            ErrorCode.TURN_IN_PROGRESS,
-            f"task {name!r} is being deleted; send the message again",
-            {"task_id": name},
+    when the tenant has none, its row locked until the transaction ends (a
+    delete waits for the turn to be committed, then sees it and refuses).
+    Names are per tenant: another tenant's task of the same name is neither
+    seen nor touched."""
+    for _ in range(_CREATE_ATTEMPTS):
+        created = await session.scalar(
+            insert(Task)
+            .values(id=new_task_id(), tenant_id=tenant_id, name=name, agent=agent, model=model)
+            .on_conflict_do_nothing(constraint="uq_tasks_tenant_id_name")
+            .returning(Task.id)
         )
-    return found, False
+        if created is not None:
+            return TaskRef(created, name), True
+        found = await lock_task(session, tenant_id, name)
+        if found is not None:
+            return found, False
+        # Deleted between the insert and the lock: the name is free again, and
+        # this message starts a new task of that name.
+    raise ApiError(
+        409,
+        ErrorCode.TURN_IN_PROGRESS,
+        f"task {name!r} is being deleted and created again; send the message again",
+        {"task_id": name},
+    )
+
+
+# Rounds of create-or-lock before giving up: each lost round means another
+# request deleted the task meanwhile, so more than one is already rare.
+_CREATE_ATTEMPTS = 3
 
 
 # A lock whose turn was never committed is abandoned once it is this old: its

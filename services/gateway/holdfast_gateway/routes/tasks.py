@@ -22,6 +22,8 @@ from holdfast_shared.db.models import (
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import WorkspaceRemoval
+from holdfast_shared.tasks import lock_task
+from holdfast_shared.turnqueue import count_pending
 from holdfast_shared.working_memory import live_working_memory, stored_working_memory
 from pydantic import BaseModel
 from sqlalchemy import delete, select
@@ -44,16 +46,31 @@ async def delete_task(
     tenant: TenantDep,
     task_id: Annotated[str, Path(pattern=ID_PATTERN)],
 ) -> dict[str, str]:
-    task = await require_task(state, tenant, task_id)
-    running = await state.lock.holder(task.id)
-    if running is not None:
-        raise ApiError(
-            409,
-            ErrorCode.TURN_IN_PROGRESS,
-            f"task {task.name!r} has a running turn; cancel it or wait for it to end",
-            {"task_id": task.name, "turn_id": running},
-        )
     async with state.sessions.begin() as session:
+        # The task's row is locked first, as start_turn and the on_busy queue
+        # lock it before they take the turn lock or write a turn: a turn they
+        # committed is seen here, and none is written for a task deleted here.
+        task = await lock_task(session, tenant, task_id, deleting=True)
+        if task is None:
+            raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
+        running = await state.lock.holder(task.id)
+        if running is not None:
+            raise ApiError(
+                409,
+                ErrorCode.TURN_IN_PROGRESS,
+                f"task {task.name!r} has a running turn; cancel it or wait for it to end",
+                {"task_id": task.name, "turn_id": running},
+            )
+        waiting = await count_pending(session, task.id)
+        if waiting:
+            # Accepted messages (on_busy) wait for the task: deleting it would drop them.
+            raise ApiError(
+                409,
+                ErrorCode.TURN_IN_PROGRESS,
+                f"task {task.name!r} has {waiting} messages waiting to run; "
+                "wait for them to end",
+                {"task_id": task.name, "queued": waiting},
+            )
         # turns and messages go with the task (ON DELETE CASCADE); the rest is
         # keyed by task id without a foreign key (they outlive Redis, not tasks).
         for model in (EventRecord, ToolResultRecord, HitlRequestRecord, ChannelStateSnapshot):
