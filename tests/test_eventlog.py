@@ -13,6 +13,7 @@ from holdfast_shared.events import (
     TextDelta,
     ThreadLifecycle,
     ToolCall,
+    ToolResult,
     body_json,
     ends_turn,
     envelope_json,
@@ -291,3 +292,16 @@ async def test_a_retried_append_that_had_landed_is_not_appended_again(eventlog: 
     # Readers see the same events whatever the extra field.
     events = [e for page in [p async for p in eventlog.pages_after(t, 0)] for e in page]
     assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_failed_tool_result_reads_back(eventlog: EventLog) -> None:
+    # A failed call has no output, and body_json leaves the null out: the
+    # engine must read back what it wrote (a resumed turn, a task's status).
+    t = task()
+    await eventlog.append(
+        t, "turn_a", [ToolResult(tool_call_id="call_1", error="denied")], name=t, new_task=True
+    )
+    [page] = [p async for p in eventlog.pages_after(t, 0)]
+    parsed = parse_event(page[0].data)
+    assert isinstance(parsed, ToolResult)
+    assert parsed.output is None and parsed.error == "denied"

@@ -100,7 +100,8 @@ class ToolCall(_Event):
 class ToolResult(_Event):
     type: Literal["tool_result"] = "tool_result"
     tool_call_id: str
-    output: Any
+    # Absent when the call failed (``error`` says why): body_json omits a null.
+    output: Any = None
     error: str | None = None
 
 
