@@ -24,6 +24,8 @@ class ErrorCode(StrEnum):
     BODY_TOO_LARGE = "BODY_TOO_LARGE"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     RATE_LIMITED = "RATE_LIMITED"
+    # The tenant keeps HOLDFAST_TENANT_MAX_STORAGE_BYTES or more (507, before any write).
+    STORAGE_QUOTA_EXCEEDED = "STORAGE_QUOTA_EXCEEDED"
     UNKNOWN_MODEL = "UNKNOWN_MODEL"
     MODEL_UNAVAILABLE = "MODEL_UNAVAILABLE"
     # A media item the turn's model cannot take (see holdfast_shared.media).

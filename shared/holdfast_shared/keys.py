@@ -112,6 +112,16 @@ class Keys:
         tenant, so it hashes to one slot on its own."""
         return f"{self.prefix}tenant:{{{tenant_id}}}:requests"
 
+    def tenant_stored_bytes(self, tenant_id: str) -> str:
+        """The tenant's bytes in PostgreSQL and the archive store, as last measured
+        (``holdfast_shared.storageusage``); expires after the refresh interval."""
+        return f"{self.prefix}tenant:{{{tenant_id}}}:stored-bytes"
+
+    def tenant_workspace_bytes(self, tenant_id: str) -> str:
+        """Hash: task id → bytes its live workspace takes on a tool-runner's disk, as
+        the runner holding it last reported (``holdfast_tool_runner.diskusage``)."""
+        return f"{self.prefix}tenant:{{{tenant_id}}}:workspace-bytes"
+
     def learner_alive(self, learner_id: str) -> str:
         """Present while the learning process ``learner_id`` consumes trajectories
         (refreshed, short TTL)."""

@@ -43,6 +43,7 @@ from holdfast_gateway.limits import check_waiting_turn
 from holdfast_gateway.sse import event_frames, frame, sse_response
 from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.state import GatewayState
+from holdfast_gateway.storagequota import check_storage
 from holdfast_gateway.turns import StartedTurn, start_turn
 
 # How often a stream still waiting for its message checks the message is there.
@@ -119,6 +120,7 @@ async def _store(
     media: list[dict[str, Any]],
     user_id: str,
 ) -> PendingTurn:
+    await check_storage(state, tenant_id)
     turn_id = new_id("turn")
     async with state.sessions.begin() as session:
         task = await find_task(session, tenant_id, name)

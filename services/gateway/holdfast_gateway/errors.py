@@ -129,6 +129,10 @@ _DESCRIPTIONS = {
         "at one of its limits (`details.limit` names the setting); see `Retry-After`"
     ),
     500: "`INTERNAL`: an unexpected error, logged by the gateway",
+    507: (
+        "`STORAGE_QUOTA_EXCEEDED`: the tenant stores `HOLDFAST_TENANT_MAX_STORAGE_BYTES` or "
+        "more (`details.limit_bytes`, `details.used_bytes`); nothing was written"
+    ),
     503: "`UNAVAILABLE`: Redis or PostgreSQL is unreachable; retry after `Retry-After`",
 }
 _RETRY_AFTER = {

@@ -34,6 +34,7 @@ from holdfast_gateway.errors import ApiError
 from holdfast_gateway.forks import ForkRequest, fork_for_turn
 from holdfast_gateway.limits import check_new_turn
 from holdfast_gateway.state import GatewayState
+from holdfast_gateway.storagequota import check_storage
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,8 @@ async def start_turn(
 
     ``also(session, task, turn_id)`` writes what else must commit with the
     turn (an execution's row), in its transaction, before the job is queued."""
+    # 507 before anything is written; a turn accepted is never cut short by it.
+    await check_storage(state, tenant_id)
     name = task_id or new_id("task")
     turn_id = new_id("turn")
     task: TaskRef | None = None

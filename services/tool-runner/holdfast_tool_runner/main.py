@@ -42,6 +42,7 @@ from redis.exceptions import RedisError
 from holdfast_tool_runner.archiving import WorkspaceArchiving
 from holdfast_tool_runner.connectors import Connectors
 from holdfast_tool_runner.consumer import ToolConsumer
+from holdfast_tool_runner.diskusage import WorkspaceUsageReporter
 from holdfast_tool_runner.executor import ToolExecutor
 from holdfast_tool_runner.hibernation import hibernate_idle, sweep_interval
 from holdfast_tool_runner.sandbox import launcher_pool, probe
@@ -172,6 +173,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                     what="closing idle MCP sessions",
                 ),
                 name="mcp-session-sweep",
+            )
+            # For HOLDFAST_TENANT_MAX_STORAGE_BYTES (diskusage.py).
+            usage = WorkspaceUsageReporter(
+                workspaces, redis, keys, interval_seconds=settings.storage_usage_refresh_seconds
+            )
+            background.start(
+                every(
+                    settings.storage_usage_refresh_seconds,
+                    usage.report,
+                    what="reporting the workspaces' disk usage",
+                ),
+                name="workspace-usage",
             )
             hibernate_after = settings.workspace_hibernate_after_seconds
             if hibernate_after > 0:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Text, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.sql import Executable
@@ -70,6 +70,10 @@ class ArchiveStore(Protocol):
         ...
 
     async def blob_count(self, tenant_id: str) -> int: ...
+
+    async def stored_bytes(self, tenant_id: str) -> int:
+        """Bytes the tenant's blobs and archives take here (what a storage quota counts)."""
+        ...
 
 
 def store_from_settings(setting: str, sessions: async_sessionmaker[AsyncSession]) -> ArchiveStore:
@@ -185,6 +189,18 @@ class PostgresStore:
                 select(func.count()).where(WorkspaceBlob.tenant_id == tenant_id)
             )
         return int(count or 0)
+
+    async def stored_bytes(self, tenant_id: str) -> int:
+        blobs = select(func.coalesce(func.sum(func.octet_length(WorkspaceBlob.data)), 0)).where(
+            WorkspaceBlob.tenant_id == tenant_id
+        )
+        archives = select(
+            func.coalesce(func.sum(func.octet_length(WorkspaceArchive.manifest.cast(Text))), 0)
+        ).where(WorkspaceArchive.tenant_id == tenant_id)
+        async with self.sessions() as session:
+            return int(await session.scalar(blobs) or 0) + int(
+                await session.scalar(archives) or 0
+            )
 
 
 def _upsert_head(tenant_id: str, task_id: str, archive_id: str) -> Executable:
@@ -306,6 +322,18 @@ class DirectoryStore:
             return sum(len(files) for _dir, _subdirs, files in os.walk(base))
 
         return await asyncio.to_thread(count)
+
+    async def stored_bytes(self, tenant_id: str) -> int:
+        def measure() -> int:
+            total = 0
+            for part in ("blobs", "archives", "heads"):
+                for directory, _subdirs, files in os.walk(self.root / part / _id(tenant_id)):
+                    for name in files:
+                        with contextlib.suppress(FileNotFoundError):
+                            total += os.lstat(os.path.join(directory, name)).st_size
+            return total
+
+        return await asyncio.to_thread(measure)
 
 
 def _id(value: str) -> str:

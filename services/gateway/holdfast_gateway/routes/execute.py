@@ -213,7 +213,7 @@ _TURN_HEADERS = {
             "headers": _TURN_HEADERS,
             "links": _TASK_LINKS,
         },
-        **errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404, 409),
+        **errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404, 409, 507),
     },
     summary="Send a message to a task and stream the turn as Server-Sent Events",
 )

@@ -63,6 +63,7 @@ from holdfast_gateway import errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
+from holdfast_gateway.storagequota import check_storage
 
 router = APIRouter()
 
@@ -563,7 +564,7 @@ def _refused(exc: transfer.ImportRefused) -> ApiError:
 @router.post(
     "/memory/import",
     response_model=Imported,
-    responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY),
+    responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 507),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -590,6 +591,7 @@ async def import_memory(
     exports (at line boundaries, entities before the relations joining them).
     """
     _require_ndjson(request)
+    await check_storage(state, tenant)
     brain = _brain(tenant, user_id)
     body = await request.body()
     try:

@@ -50,6 +50,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from holdfast_gateway import errors
 from holdfast_gateway.deps import StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.storagequota import check_storage
 
 router = APIRouter()
 
@@ -232,7 +233,7 @@ async def list_skills(state: StateDep, tenant: TenantDep) -> dict[str, Any]:
     "/skills",
     status_code=201,
     response_model=SkillOut,
-    responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 409),
+    responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 409, 507),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -266,6 +267,7 @@ async def create_skill(request: Request, state: StateDep, tenant: TenantDep) -> 
             f"{skill.name!r} is the name of a built-in skill; choose another",
             {"skill": skill.name},
         )
+    await check_storage(state, tenant)
     async with state.sessions.begin() as session:
         created = await skills.create_skill(session, tenant, skill)
     if created is None:
