@@ -1,13 +1,23 @@
 """Payloads that travel on Redis streams between services.
 
 Each is one stream entry with a single field (``FIELD``) holding the JSON.
+
+``Keys.tools`` carries four kinds of job (:data:`ToolJob`: a tool call, an
+Asset Directory probe, a workspace removal, a workspace checkpoint/restore),
+told apart by their ``kind`` and read only through :func:`parse_tool_job`
+(one union, one adapter, as ``events.py`` does for events). Each kind is still
+written under the entry field it had before ``kind`` existed, so a tool-runner
+of the previous version still tells a new entry apart during a rolling
+upgrade; the other way round, an entry that version wrote (no ``kind``) is
+read by its field (``_kind_of_legacy_entry``).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Self
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationInfo
 from redis.typing import EncodableT, FieldT
 
 
@@ -71,6 +81,7 @@ class ToolCallJob(_Entry):
     listener is not lost.
     """
 
+    kind: Literal["tool_call"] = "tool_call"
     tenant_id: str
     task_id: str
     turn_id: str
@@ -104,6 +115,7 @@ class AssetProbe(_Entry):
 
     FIELD: ClassVar[str] = "asset_probe"
 
+    kind: Literal["asset_probe"] = "asset_probe"
     tenant_id: str
     server: str
     reply_to: str
@@ -127,6 +139,7 @@ class WorkspaceRemoval(_Entry):
 
     FIELD: ClassVar[str] = "remove_workspace"
 
+    kind: Literal["remove_workspace"] = "remove_workspace"
     tenant_id: str
     task_id: str
 
@@ -141,6 +154,7 @@ class WorkspaceRequest(_Entry):
 
     FIELD: ClassVar[str] = "workspace_request"
 
+    kind: Literal["workspace_request"] = "workspace_request"
     request_id: str
     tenant_id: str
     task_id: str
@@ -166,6 +180,46 @@ class ToolOutcome(BaseModel):
 
     output: Any = None
     error: str | None = None
+
+
+_TOOL_JOB_MODELS = (ToolCallJob, AssetProbe, WorkspaceRemoval, WorkspaceRequest)
+# The entry field each kind is written under (``FIELD``), and so the kind of an
+# entry written before ``kind`` existed.
+_KIND_BY_FIELD: dict[str, str] = {
+    model.FIELD: model.model_fields["kind"].default for model in _TOOL_JOB_MODELS
+}
+_ENTRY_FIELD = "entry_field"
+
+
+def _kind_of_legacy_entry(data: Any, info: ValidationInfo) -> Any:
+    """The upgrade path: a job a producer of the previous version wrote has no
+    ``kind``; its entry field says which it is, as it did then. A job with a
+    ``kind`` is left as it is (its ``kind`` wins over its field)."""
+    if isinstance(data, dict) and "kind" not in data and isinstance(info.context, dict):
+        kind = _KIND_BY_FIELD.get(info.context.get(_ENTRY_FIELD, ""))
+        if kind is not None:
+            return {**data, "kind": kind}
+    return data
+
+
+ToolJob = Annotated[
+    ToolCallJob | AssetProbe | WorkspaceRemoval | WorkspaceRequest,
+    Field(discriminator="kind"),
+]
+
+TOOL_JOB_ADAPTER: TypeAdapter[ToolJob] = TypeAdapter(
+    Annotated[ToolJob, BeforeValidator(_kind_of_legacy_entry)]
+)
+
+
+def parse_tool_job(fields: Mapping[str, str]) -> ToolJob:
+    """The job a ``Keys.tools`` entry carries; ValueError when it has none or it
+    does not parse."""
+    for field in _KIND_BY_FIELD:
+        raw = fields.get(field)
+        if raw is not None:
+            return TOOL_JOB_ADAPTER.validate_json(raw, context={_ENTRY_FIELD: field})
+    raise ValueError(f"tool stream entry has none of the fields {sorted(_KIND_BY_FIELD)}")
 
 
 class InboxMessage(_Entry):
