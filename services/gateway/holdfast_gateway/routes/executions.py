@@ -103,11 +103,28 @@ async def _reread(state: GatewayState, execution_id: str) -> ExecutionOut:
     return store.to_wire(row, checkpoints[row.id], datetime.now(UTC))
 
 
+# What a client can do next with the execution it created; the fuzzer's stateful
+# phase follows these too.
+_EXECUTION_LINKS = {
+    name: {"operationId": operation, "parameters": {"execution_id": "$response.body#/id"}}
+    for name, operation in (
+        ("GetExecution", "get_execution"),
+        ("SaveCheckpoint", "save_checkpoint"),
+        ("PauseExecution", "pause_execution"),
+        ("ResumeExecution", "resume_execution"),
+        ("DeleteExecution", "delete_execution"),
+    )
+}
+
+
 @router.post(
     "",
     status_code=201,
     dependencies=[JsonBody],
-    responses=errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404),
+    responses={
+        201: {"description": "The execution, its work started", "links": _EXECUTION_LINKS},
+        **errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404),
+    },
     summary="Create an execution and start its work",
 )
 async def create_execution(
