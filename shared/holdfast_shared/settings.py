@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     # keys revoke`) stops working within it, and so do its stream tokens.
     auth_cache_ttl_seconds: float = Field(default=30.0, gt=0, le=3600)
     # Stream tokens (POST /auth/stream-token → GET /execute/replay?token=): how
-    # long one lasts, and the HMAC secret that signs it. Unset, the secret is
+    # long one lasts, and the secret its sealing key (AES-256-GCM) is derived from. Unset, it is
     # derived from the first HOLDFAST_ASSET_ENCRYPTION_KEY, which every gateway
     # of a deployment already shares (holdfast_gateway.streamtokens).
     stream_token_ttl_seconds: int = Field(default=300, ge=10, le=86_400)
