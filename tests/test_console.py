@@ -190,7 +190,7 @@ async def test_a_turn_streams_into_the_page_as_text(
     marker = secrets.token_hex(3)
     hostile = f'<img src=x id="injected-{marker}"> and <b>bold</b> {marker}'
     await send(page, script(text=f"Hello from the console {hostile}", delay_ms=20))
-    await wait_status(page, "completed")
+    await wait_status(page, "idle")
     transcript = page.locator("#transcript")
     text = await transcript.inner_text()
     # Model output is shown as text: the markup is visible, not rendered.
@@ -204,7 +204,7 @@ async def test_a_turn_streams_into_the_page_as_text(
     # A second message goes to the same task, in the same view.
     await send(page, script(text="second answer"))
     await page.wait_for_function("() => document.body.innerText.includes('second answer')")
-    await wait_status(page, "completed")
+    await wait_status(page, "idle")
     assert await page.evaluate("hfConsole.taskId") == task_id
 
 
@@ -243,7 +243,7 @@ async def test_a_dropped_connection_resumes_with_no_gap_and_no_repeat(
     for _ in range(2):
         await asyncio.sleep(1.0)
         cutting.cut()
-    await wait_status(page, "completed")
+    await wait_status(page, "idle")
     task_id = await page.evaluate("hfConsole.taskId")
     seqs = await page.evaluate("hfConsole.seqs")
     expected = await server_seqs(engine.url, api_keys["main"], task_id)
@@ -263,7 +263,7 @@ async def test_a_permission_prompt_is_answered_from_the_page(page: Any) -> None:
     if SCREENSHOT:
         await page.screenshot(path=SCREENSHOT)
     await prompt.locator("button.allow").click()
-    await wait_status(page, "completed")
+    await wait_status(page, "idle")
     assert await page.locator("#hitl .prompt").count() == 0
     tool = page.locator("#transcript details.tool").first
     summary = await tool.locator("summary").inner_text()
@@ -284,3 +284,151 @@ async def test_the_other_tabs_show_agents_and_memory(page: Any) -> None:
         "() => document.getElementById('executions-note').textContent !== ''"
         " || document.querySelector('#executions-table tbody tr') !== null"
     )
+
+
+async def task_status(base: str, key: str, task_id: str) -> str:
+    async with httpx.AsyncClient(timeout=30) as client:
+        got = await client.get(f"{base}/tasks/{task_id}", headers={"X-Engine-Key": key})
+    assert got.status_code == 200, got.text
+    status: str = got.json()["status"]
+    return status
+
+
+async def test_an_idle_task_holds_one_live_connection_and_follows_the_next_turn(
+    page: Any, engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    """An open task with no turn running shows "live" and "idle" and keeps the one
+    EventSource it opened: it once ended at once, and the page reopened
+    ``/execute/replay`` every few seconds, reading "reconnecting…"."""
+    key = api_keys["main"]
+    task_id = f"console-idle-{secrets.token_hex(3)}"
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await execute(
+            client, engine.url, key, {"message": script(text="idle now"), "task_id": task_id}
+        )
+        assert first.events[-1]["phase"] == "completed"
+        replays: list[str] = []
+        page.on(
+            "request",
+            lambda request: (
+                replays.append(request.url) if "/execute/replay" in request.url else None
+            ),
+        )
+        await page.fill("#open-input", task_id)
+        await page.click("#open-form button")
+        await page.wait_for_function("() => document.body.innerText.includes('idle now')")
+        await page.wait_for_function(
+            "() => hfConsole.connected"
+            " && document.getElementById('stream-status').textContent === 'live'"
+        )
+        opened = len(replays)
+        assert opened == 2, replays  # the history fetch and the one EventSource
+        # A bounded window of samples: the stream of an idle task used to end
+        # at once and be reopened about every 3 s (Chromium's retry delay).
+        samples: list[list[str]] = []
+        for _ in range(16):
+            samples.append(
+                await page.evaluate(
+                    "() => [document.getElementById('stream-status').textContent,"
+                    " document.getElementById('task-status').textContent]"
+                )
+            )
+            await asyncio.sleep(0.5)
+        assert samples == [["live", "idle"]] * len(samples), samples
+        assert len(replays) == opened, replays[opened:]
+        # The same connection carries a turn another client starts.
+        second = await execute(
+            client, engine.url, key, {"message": script(text="woken up"), "task_id": task_id}
+        )
+    await page.wait_for_function(
+        "last => hfConsole.lastSeq >= last", arg=second.seqs[-1], timeout=30_000
+    )
+    assert await page.evaluate("hfConsole.seqs") == first.seqs + second.seqs
+    await wait_status(page, "idle")
+    assert len(replays) == opened, replays[opened:]
+
+
+async def user_lines(page: Any) -> list[str]:
+    texts: list[str] = await page.locator("#transcript .user").all_inner_texts()
+    return texts
+
+
+async def test_the_users_own_messages_are_shown_in_their_turns(
+    page: Any, engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    task_id = f"console-user-{secrets.token_hex(3)}"
+    mine = [f"first question {secrets.token_hex(2)}", f"second question {secrets.token_hex(2)}"]
+    async with httpx.AsyncClient(timeout=60) as client:
+        for message in mine:
+            done = await execute(client, engine.url, key, {"message": message, "task_id": task_id})
+            assert done.events[-1]["phase"] == "completed"
+        # History: each stored turn shows the message that started it, in its turn.
+        await page.fill("#open-input", task_id)
+        await page.click("#open-form button")
+        await page.wait_for_function(
+            "n => document.querySelectorAll('#transcript .user').length >= n", arg=2
+        )
+        assert await user_lines(page) == mine
+        turns = page.locator("#transcript li.turn")
+        assert await turns.count() == 2
+        for index, message in enumerate(mine):
+            assert await turns.nth(index).locator(".user").inner_text() == message
+        # A turn another client starts while the task is open.
+        elsewhere = f"from another client {secrets.token_hex(2)}"
+        await execute(client, engine.url, key, {"message": elsewhere, "task_id": task_id})
+    await page.wait_for_function(
+        "n => document.querySelectorAll('#transcript .user').length >= n", arg=3
+    )
+    # And one typed here.
+    typed = f"typed in the console {secrets.token_hex(2)}"
+    await send(page, typed)
+    await page.wait_for_function(
+        "n => document.querySelectorAll('#transcript .user').length >= n", arg=4
+    )
+    await wait_status(page, "idle")
+    assert await user_lines(page) == [*mine, elsewhere, typed]
+
+
+async def test_the_task_list_and_the_open_task_use_one_status_vocabulary(
+    page: Any, engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+
+    async def agree(status: str) -> None:
+        await wait_status(page, status)
+        task_id = await page.evaluate("hfConsole.taskId")
+        row = page.locator(f"#task-list li[data-task='{task_id}'] .badge")
+        await page.wait_for_function(
+            "([id, s]) => document.querySelector(`#task-list li[data-task='${id}'] .badge`)"
+            "?.textContent === s",
+            arg=[task_id, status],
+        )
+        assert await row.inner_text() == status
+        assert await task_status(engine.url, key, task_id) == status
+
+    call = {"name": "write_file", "input": {"path": "vocabulary.txt", "content": "hi"}}
+    await send(page, script(text="asking first", tool_calls=[call]))
+    await page.locator("#hitl .prompt").wait_for(state="visible", timeout=60_000)
+    await agree("waiting")
+    await page.locator("#hitl .prompt button.deny").click()
+    await agree("idle")
+    assert "turn completed" in await page.locator("#transcript").inner_text()
+    # Reopened from the list, an idle task reads the same word.
+    task_id = await page.evaluate("hfConsole.taskId")
+    await page.click("#new-task")
+    await page.click(f"#task-list li[data-task='{task_id}']")
+    await agree("idle")
+
+
+async def test_the_sign_in_hint_names_both_ways_to_a_key_and_a_favicon_is_served(
+    engine: EngineProcesses,
+) -> None:
+    async with httpx.AsyncClient(base_url=engine.url, timeout=10) as client:
+        page = await client.get("/console")
+        icon = await client.get("/favicon.ico")
+    assert "holdfast keys create" in page.text
+    assert "~/.holdfast/api-key" in page.text
+    assert icon.status_code == 200, icon.text
+    assert icon.headers["content-type"].startswith("image/")
+    assert len(icon.content) > 0

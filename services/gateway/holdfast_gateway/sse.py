@@ -10,6 +10,7 @@ the log before going on.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
 
@@ -56,22 +57,36 @@ async def event_frames(
     after_seq: int,
     *,
     stop_turn: str | None,
+    follow_for: float | None = None,
 ) -> AsyncIterator[str]:
     """The task's events after ``after_seq``, then live ones.
 
     With ``stop_turn`` the stream ends after that turn's terminal lifecycle
-    event; without it, it ends once the stored events are sent.
+    event; without it, it ends once the stored events are sent — unless
+    ``follow_for`` is given: then it follows every later turn of the task
+    (``stop_turn`` is ignored) and ends after that many seconds.
     """
+    deadline = 0.0
+    if follow_for is not None:
+        stop_turn = None
+        deadline = asyncio.get_running_loop().time() + follow_for
     progress = _Progress(after_seq, stop_turn)
     sub = await hub.subscribe(task_id)
     try:
         async for chunk in _from_log(eventlog, task_id, progress):
             yield chunk
-        if progress.done or stop_turn is None:
+        if progress.done or (stop_turn is None and follow_for is None):
             return
         chunk = ""  # the last one is not held while the stream idles
         while not progress.done:
-            batch = await sub.queue.get()
+            if follow_for is None:
+                batch = await sub.queue.get()
+            else:
+                try:
+                    async with asyncio.timeout(deadline - asyncio.get_running_loop().time()):
+                        batch = await sub.queue.get()
+                except TimeoutError:
+                    return
             if batch is None:
                 return  # the gateway is shutting down
             if batch[-1].seq <= progress.last:

@@ -7,12 +7,23 @@
 // EventSource dispatches each event as a task of its own and takes over a
 // second for 10,000 of them, where this takes about a quarter of that. From
 // the last seq shown, the browser's own EventSource follows the task live,
-// on GET /execute/replay?token=<stream token>: the token (POST
+// on GET /execute/replay?follow=task&token=<stream token>: the token (POST
 // /auth/stream-token) stands in for the API key, which must never go in a
-// URL. The browser reconnects by itself with Last-Event-ID; when the server
-// refuses a reconnect (the token expired), the page asks for a new token and
-// goes on from the last seq it shows. Every seq is shown once: older ones
-// are skipped, whichever way they came.
+// URL. follow=task keeps that one connection open while the task is idle
+// and through every later turn, whoever starts it (this page, `holdfast
+// chat`, an on_busy message); a stream that ended with each turn had an
+// idle task's page reopen it every few seconds, reading "reconnecting…".
+// The server ends a follow after the token's TTL; the browser reconnects by
+// itself with Last-Event-ID, the server refuses the expired token, and the
+// page asks for a new one and goes on from the last seq it shows. Every seq
+// is shown once: older ones are skipped, whichever way they came.
+//
+// The task's status uses the words of GET /tasks (idle, running, waiting,
+// paused), in the badge and in the list alike. A turn's own ending is a note
+// in its transcript. The user's messages are not events (a turn's `started`
+// carries no text): they come from GET /tasks/{id}/messages, or, for one
+// sent from this page, from what was typed; messages steered into a running
+// turn arrive as user_message events.
 'use strict';
 
 const KEY_STORAGE = 'holdfast.key';
@@ -20,7 +31,7 @@ const RECENT_STORAGE = 'holdfast.recent-tasks';
 const EVENT_TYPES = [
   'thread_lifecycle', 'error', 'text_delta', 'thinking_delta', 'content_block_start',
   'content_block_stop', 'tool_call', 'tool_result', 'hitl_request', 'hitl_resolved',
-  'working_memory_update', 'compaction_event', 'turn_resumed', 'usage',
+  'working_memory_update', 'compaction_event', 'turn_resumed', 'usage', 'user_message',
 ];
 const PREVIEW_CHARS = 160;
 
@@ -37,12 +48,19 @@ const view = {
   prompts: new Map(),    // request_id -> prompt element
   reconnectTimer: null,
   generation: 0,       // bumps when another task opens: late callbacks of the old one stop
+  status: '',          // the open task's status, in GET /tasks's words
+  statusChanges: 0,    // bumps with every event that sets the status
+  asked: new Map(),    // turn_id -> the text of the user's message that started it
+  turns: new Map(),    // turn_id -> its drawn turn, for a message that arrives later
+  messagesAfter: 0,    // the last message id read from GET /tasks/{id}/messages
+  messagesLoading: null,  // the Promise of that read, while it runs
 };
 window.hfConsole = {
   get seqs() { return view.seqs.slice(); },
   get lastSeq() { return view.lastSeq; },
   get taskId() { return view.taskId; },
   get connected() { return view.source !== null && view.source.readyState === EventSource.OPEN; },
+  get status() { return view.status; },
 };
 
 const $ = (id) => document.getElementById(id);
@@ -184,7 +202,9 @@ async function loadTasks() {
   const list = $('task-list');
   list.replaceChildren(...rows.map((row) => {
     const item = el('li', row.id === view.taskId ? 'open' : '', el('span', 'mono', row.id));
-    if (row.status) item.append(el('span', `badge ${row.status}`, row.status));
+    // The open task's status is the page's freshest: the list is read once.
+    const status = row.id === view.taskId && view.status ? view.status : row.status;
+    if (status) item.append(el('span', `badge ${status}`, status));
     item.dataset.task = row.id;
     item.title = row.id;
     item.addEventListener('click', () => openTask(row.id));
@@ -192,10 +212,35 @@ async function loadTasks() {
   }));
 }
 
+// GET /tasks's words (taskstatus.py): idle, running, waiting, paused.
 function setStatus(status) {
+  view.status = status;
   const badge = $('task-status');
   badge.textContent = status;
   badge.className = `badge ${status}`;
+  const row = view.taskId && [...$('task-list').children].find((item) => item.dataset.task === view.taskId);
+  if (!row || !status) return;
+  let rowBadge = row.querySelector('.badge');
+  if (!rowBadge) row.append(rowBadge = el('span', 'badge'));
+  rowBadge.textContent = status;
+  rowBadge.className = `badge ${status}`;
+}
+
+// An event's word for the task's status, counted so that a status read
+// (GET /tasks/{id}) answered after a newer event does not undo it.
+function statusFromEvent(status) {
+  view.statusChanges += 1;
+  setStatus(status);
+}
+
+async function readStatus(generation) {
+  const changes = view.statusChanges;
+  try {
+    const task = await apiJson('GET', '/tasks/' + encodeURIComponent(view.taskId));
+    if (generation === view.generation && changes === view.statusChanges && task.status) {
+      setStatus(String(task.status));
+    }
+  } catch (_) { /* a gateway without GET /tasks/{id}: the events' word stands */ }
 }
 
 // ---- the open task's stream -------------------------------------------------
@@ -218,6 +263,7 @@ function openTask(taskId) {
   view.turn = null;
   view.toolCalls.clear();
   view.prompts.clear();
+  resetMessages();
   dirtyBlocks.clear();
   $('transcript').replaceChildren();
   $('hitl').replaceChildren();
@@ -226,7 +272,15 @@ function openTask(taskId) {
   remember(taskId);
   history.replaceState(null, '', '#task=' + encodeURIComponent(taskId));
   for (const item of $('task-list').children) item.classList.toggle('open', item.dataset.task === taskId);
+  loadMessages(view.generation);
   loadHistory();
+}
+
+function resetMessages() {
+  view.asked.clear();
+  view.turns.clear();
+  view.messagesAfter = 0;
+  view.messagesLoading = null;
 }
 
 const FRAME_END = /\r?\n\r?\n/;
@@ -264,7 +318,11 @@ async function loadHistory() {
   } finally {
     if (view.history === controller) view.history = null;
   }
-  if (generation === view.generation) connect();
+  if (generation !== view.generation) return;
+  // The events replayed say what the task did; GET /tasks/{id} says what it
+  // does now (a turn paused by the execution API, a message queued).
+  readStatus(generation);
+  connect();
 }
 
 // One SSE frame of the engine's (event, id, data lines); heartbeats carry no id.
@@ -295,7 +353,7 @@ async function connect() {
   }
   if (generation !== view.generation) return;
   const params = new URLSearchParams({
-    task_id: view.taskId, after_seq: String(view.lastSeq), token: token.token,
+    task_id: view.taskId, after_seq: String(view.lastSeq), follow: 'task', token: token.token,
   });
   performance.mark('hf-replay-opened');
   const source = new EventSource('/execute/replay?' + params);
@@ -333,11 +391,63 @@ function receive(message, generation) {
   render(event, seq);
 }
 
-// Reconnect now rather than at the browser's next retry: a turn we started
-// should stream at once.
+// The open connection follows every turn of the task; without one (between
+// retries, or refused), reconnect now rather than at the browser's next
+// retry: a turn we started should stream at once.
 function follow() {
+  if (view.source && view.source.readyState === EventSource.OPEN) return;
+  if (view.history) return;  // the history read is still streaming; connect() follows it
   closeStream();
   connect();
+}
+
+// ---- the user's messages ------------------------------------------------------
+
+// The text of a stored user message (content.blocks, as the engine stores it);
+// null for the tool results that also travel as user messages.
+function messageText(message) {
+  if (message.role !== 'user' || message.position !== 0) return null;
+  const content = message.content || {};
+  const texts = (content.blocks || []).filter((block) => block.type === 'text').map((block) => block.text);
+  if (!texts.length) return null;
+  const media = (content.media || []).length;
+  return texts.join('\n') + (media ? ` (+${media} attachment${media > 1 ? 's' : ''})` : '');
+}
+
+// Every turn's opening message, all branches (the log holds forked-off turns
+// too), from the last one read; again when a turn starts whose message is new.
+function loadMessages(generation) {
+  if (view.messagesLoading) return view.messagesLoading;
+  const task = view.taskId;
+  const run = (async () => {
+    try {
+      for (;;) {
+        const params = new URLSearchParams({ branch: 'all', after: String(view.messagesAfter), limit: '1000' });
+        const page = await apiJson('GET', `/tasks/${encodeURIComponent(task)}/messages?${params}`);
+        if (generation !== view.generation) return;
+        for (const message of page.messages || []) {
+          view.messagesAfter = Math.max(view.messagesAfter, message.id);
+          const text = messageText(message);
+          if (text !== null && !view.asked.has(message.turn_id)) showAsked(message.turn_id, text);
+        }
+        if (page.next_after == null) return;
+      }
+    } catch (_) {
+      // No such task yet, or a gateway without it: the typed messages still show.
+    } finally {
+      if (generation === view.generation) view.messagesLoading = null;
+    }
+  })();
+  view.messagesLoading = run;
+  return run;
+}
+
+// The user's message at the top of its turn, once, whenever either arrives first.
+function showAsked(turnId, text) {
+  if (view.asked.has(turnId)) return;
+  view.asked.set(turnId, text);
+  const turn = view.turns.get(turnId);
+  if (turn) turn.head.after(el('div', 'user', text));
 }
 
 // ---- rendering --------------------------------------------------------------
@@ -351,8 +461,15 @@ function line(className, ...children) {
 function turnFor(event) {
   if (view.turn && view.turn.id === event.turn_id) return view.turn;
   flushText();
-  const li = line('turn', el('div', 'turn-head', `turn ${event.turn_id || ''}`));
-  view.turn = { id: event.turn_id, li, block: null, blocks: [] };
+  const head = el('div', 'turn-head', `turn ${event.turn_id || ''}`);
+  const li = line('turn', head);
+  view.turn = { id: event.turn_id, li, head, block: null, blocks: [] };
+  if (event.turn_id) {
+    view.turns.set(event.turn_id, view.turn);
+    const asked = view.asked.get(event.turn_id);
+    if (asked !== undefined) head.after(el('div', 'user', asked));
+    else if (!view.history) loadMessages(view.generation);  // a turn started live, elsewhere
+  }
   return view.turn;
 }
 
@@ -396,10 +513,10 @@ function render(event, seq) {
       const turn = turnFor(event);
       turn.block = null;
       if (event.phase === 'started') {
-        setStatus('running');
+        statusFromEvent('running');
       } else {
         flushText();
-        setStatus(event.phase);
+        statusFromEvent('idle');
         const reason = event.stop_reason ? ` (${event.stop_reason})` : '';
         turn.li.append(el('div', 'note', `turn ${event.phase}${reason}`));
         turn.blocks = [];  // no discard reaches a finished turn
@@ -432,7 +549,18 @@ function render(event, seq) {
       if (prompt) prompt.remove();
       view.prompts.delete(event.request_id);
       turnFor(event).li.append(el('div', 'note', `answered: ${preview(event.answer ?? '')}`));
-      setStatus('running');
+      statusFromEvent('running');
+      break;
+    }
+    case 'user_message': {
+      const turn = turnFor(event);
+      turn.block = null;
+      if (event.applied === 'next_turn') {
+        // The message that started this turn (after the one it was sent to ended).
+        showAsked(event.turn_id, event.text);
+      } else {
+        turn.li.append(el('div', 'user', event.text));
+      }
       break;
     }
     case 'turn_resumed': {
@@ -496,7 +624,7 @@ function renderToolResult(event) {
 
 function renderPrompt(event) {
   if (view.prompts.has(event.request_id)) return;
-  setStatus('waiting');
+  statusFromEvent('waiting');
   const prompt = el('div', 'prompt', el('div', 'q', event.question));
   prompt.dataset.request = event.request_id;
   const status = el('span', 'muted');
@@ -548,11 +676,14 @@ async function send(message, agent) {
   try {
     const response = await api('POST', '/execute', body, { signal: controller.signal });
     const taskId = response.headers.get('X-Task-Id');
+    const turnId = response.headers.get('X-Turn-Id');
     controller.abort();
     if (taskId && taskId !== view.taskId) {
       openTask(taskId);
+      if (turnId) showAsked(turnId, message);
       loadTasks().catch(() => {});
     } else {
+      if (turnId) showAsked(turnId, message);
       follow();
     }
     return true;
@@ -652,6 +783,8 @@ function start() {
     view.lastSeq = 0;
     view.seqs = [];
     view.turn = null;
+    resetMessages();
+    for (const item of $('task-list').children) item.classList.remove('open');
     $('transcript').replaceChildren();
     $('hitl').replaceChildren();
     $('task-title').textContent = 'New task';

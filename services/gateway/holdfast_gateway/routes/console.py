@@ -6,6 +6,10 @@ a Content-Security-Policy that allows only this origin's script, style and
 fetches: the page renders model output with ``textContent``, and the policy
 is the second line should a bug ever let markup through. The page itself needs
 no key to load; it asks for one and sends it as ``X-Engine-Key`` on its calls.
+
+``/favicon.ico`` is the console's icon (an SVG, which every current browser
+takes there): browsers ask for it on any page of the origin, and a 404 for
+it is noise in every log and devtools console.
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ def _serve(name: str) -> Response:
 @router.get("/console", include_in_schema=False)
 async def console_page() -> Response:
     return _serve("index.html")
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> Response:
+    return _serve("favicon.svg")
 
 
 @router.get("/console/{name}", include_in_schema=False)

@@ -3,11 +3,19 @@
 Authenticated by ``X-Engine-Key``, or by a stream token (``?token=``, from
 ``POST /auth/stream-token``) for clients that cannot set headers: a browser's
 ``EventSource``, whose reconnects resend the same URL with ``Last-Event-ID``.
+
+``follow=task`` keeps the stream open past the turn's end (or when no turn
+runs), with heartbeats, for every later turn: a view of the task (the web
+console) holds one connection instead of reopening a stream that ends at once
+whenever the task is idle. It lasts at most the stream token TTL and then
+ends, so a revoked key or a deleted task stops being followed within that
+time; by then the token it was opened with has expired too, and the client
+asks for a new one and goes on from its cursor.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Security
 from holdfast_shared.ids import ID_PATTERN
@@ -61,12 +69,23 @@ async def replay(
             "instead of the X-Engine-Key header",
         ),
     ] = None,
+    follow: Annotated[
+        Literal["turn", "task"],
+        Query(
+            description="`turn`: end with the running turn (at once when none runs); "
+            "`task`: stay open, with heartbeats, through every later turn, for up to "
+            "HOLDFAST_STREAM_TOKEN_TTL_SECONDS, then end (reconnect from your cursor)"
+        ),
+    ] = "turn",
     x_engine_key: Annotated[str | None, Security(engine_key)] = None,
 ) -> SseResponse:
     task = await replay_task(request, state, task_id, token=token, key=x_engine_key)
     cursor = await _cursor(state, task.id, after, after_seq, last_event_id)
     running = await state.lock.holder(task.id)
-    frames = event_frames(state.hub, state.reads, task.id, cursor, stop_turn=running)
+    follow_for = float(state.settings.stream_token_ttl_seconds) if follow == "task" else None
+    frames = event_frames(
+        state.hub, state.reads, task.id, cursor, stop_turn=running, follow_for=follow_for
+    )
     return sse_response(frames, task.name, state.settings.heartbeat_seconds)
 
 
