@@ -10,7 +10,9 @@ loses nothing; learning is idempotent by trajectory id, so nothing is
 learned twice either.
 
 The stream only announces: the trajectory is in PostgreSQL, and the sweep
-(``sweep.py``) learns any whose announcement was lost.
+(``sweep.py``) learns any whose announcement was lost — Redis losing the
+stream and its group too: the group is created again (``holdfast_shared.consuming``
+reads, takes over and acknowledges; the batching is this module's).
 """
 
 from __future__ import annotations
@@ -20,12 +22,11 @@ import logging
 import time
 from dataclasses import dataclass
 
+from holdfast_shared.consuming import Delivery, GroupConsumer, RedisUnavailable, is_nogroup
 from holdfast_shared.jobs import TrajectoryReady
 from holdfast_shared.keys import LEARNING_GROUP, Keys
-from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
 from holdfast_learning.learner import Learner
 
@@ -59,6 +60,13 @@ class TrajectoryConsumer:
         self.learner = learner
         self.settings = settings
         self.name = name
+        self.group = GroupConsumer(
+            redis,
+            keys.trajectories,
+            LEARNING_GROUP,
+            name,
+            claim_idle_ms=int(settings.claim_idle_seconds * 1000),
+        )
         self._last_claim = 0.0
         self._last_alive = -float(_ALIVE_TTL_SECONDS)
         # Totals since start (logged; /learning/status reads the table instead).
@@ -66,14 +74,22 @@ class TrajectoryConsumer:
         self.batches = 0
 
     async def run(self) -> None:
-        await ensure_group(self.redis, self.keys.trajectories, LEARNING_GROUP)
+        """Learn batches until cancelled (by ``main.learning_centre`` as the process
+        stops: a batch cut short stays pending, and is taken over)."""
+        await self.group.ensure_group()
         delay = 0.2
         while True:
             try:
                 await self._alive()
                 await self.step()
                 delay = 0.2
-            except (RedisConnectionError, RedisTimeoutError):
+            except ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                # Redis lost its data: what it announced is in PostgreSQL, for the sweep.
+                log.warning("the learning group is gone (Redis lost its data?); recreating it")
+                await self.group.ensure_group()
+            except RedisUnavailable:
                 log.warning("Redis unreachable; the learning intake retries in %.1fs", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -93,21 +109,19 @@ class TrajectoryConsumer:
         if not entries:
             return 0
         ids: list[str] = []
-        for entry_id, fields in entries:
+        for entry in entries:
             try:
-                ids.append(TrajectoryReady.from_fields(fields).trajectory_id)
+                ids.append(TrajectoryReady.from_fields(entry.fields).trajectory_id)
             except ValueError:
                 # Its field names, not their values: whatever wrote them may have
                 # put content there.
                 log.error(
                     "dropping a malformed trajectory announcement %s (fields: %s)",
-                    entry_id,
-                    sorted(fields),
+                    entry.entry_id,
+                    sorted(entry.fields),
                 )
         result = await self.learner.learn(ids)
-        await self.redis.xack(
-            self.keys.trajectories, LEARNING_GROUP, *(entry_id for entry_id, _ in entries)
-        )
+        await self.group.ack(*(entry.entry_id for entry in entries))
         self.learned += result.learned
         self.batches += 1
         log.debug(
@@ -120,10 +134,10 @@ class TrajectoryConsumer:
         )
         return len(entries)
 
-    async def _read(self, want: int, *, started: bool) -> list[tuple[str, dict[str, str]]]:
+    async def _read(self, want: int, *, started: bool) -> list[Delivery]:
         """Up to ``want`` new entries: block until the first (unless the batch
         has ``started``), then take what arrives within the window."""
-        got: list[tuple[str, dict[str, str]]] = []
+        got: list[Delivery] = []
         deadline = time.monotonic() + self.settings.window_seconds if started else None
         while len(got) < want:
             block: int
@@ -134,14 +148,7 @@ class TrajectoryConsumer:
                 if left <= 0:
                     break
                 block = max(1, int(left * 1000))
-            reply = await self.redis.xreadgroup(
-                LEARNING_GROUP,
-                self.name,
-                {self.keys.trajectories: ">"},
-                count=want - len(got),
-                block=block,
-            )
-            entries = reply[0][1] if reply else []
+            entries = await self.group.read_new(want - len(got), block_ms=block)
             if not entries and deadline is None:
                 return got  # idle: let the caller claim stale entries, then wait again
             if entries and deadline is None:
@@ -149,20 +156,12 @@ class TrajectoryConsumer:
             got.extend(entries)
         return got
 
-    async def _claim_stale(self) -> list[tuple[str, dict[str, str]]]:
+    async def _claim_stale(self) -> list[Delivery]:
         now = time.monotonic()
         if now - self._last_claim < self.settings.claim_idle_seconds / 2:
             return []
         self._last_claim = now
-        reply = await self.redis.xautoclaim(
-            self.keys.trajectories,
-            LEARNING_GROUP,
-            self.name,
-            min_idle_time=int(self.settings.claim_idle_seconds * 1000),
-            start_id="0-0",
-            count=self.settings.size,
-        )
-        claimed = [(entry_id, fields) for entry_id, fields in reply[1] if fields]
+        claimed = await self.group.take_over(self.settings.size)
         if claimed:
             log.info("took over %d trajectory announcements a stopped learner left", len(claimed))
         return claimed

@@ -24,6 +24,10 @@ Keeping turns alive through failures:
 * Redis loss — when the turns group is missing (Redis restarted empty) it is
   recreated and every unfinished turn whose lease ran out is queued again
   from PostgreSQL (``recovery.py``).
+
+Reading, taking over and acknowledging entries, and recreating the group, are
+``holdfast_shared.consuming``'s (the same for every consumer); the leases, the
+rescue of dead workers' turns and the drain are this module's.
 """
 
 from __future__ import annotations
@@ -34,16 +38,13 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from holdfast_shared.background import Background, every
+from holdfast_shared.consuming import Delivery, GroupConsumer, RedisUnavailable, consume
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
 from holdfast_shared.observability.scopes import observed_turn
-from holdfast_shared.orphans import claim_from_dead, scan_every
+from holdfast_shared.orphans import scan_every
 from holdfast_shared.pubsub import listen
-from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from holdfast_loop_worker.executions import interrupt_for_pause
 from holdfast_loop_worker.lease import Leases
@@ -51,7 +52,7 @@ from holdfast_loop_worker.turn import TurnContext, TurnRunner
 
 log = logging.getLogger(__name__)
 
-BLOCK_MS = 1000
+# XAUTOCLAIM calls per read that scan on for entries idle past the lease.
 _CLAIM_CALLS_PER_READ = 4
 
 
@@ -85,17 +86,24 @@ class TurnConsumer:
         self.concurrency = concurrency
         self.lease_ms = lease_seconds * 1000
         self.drain_seconds = drain_seconds
-        self.on_group_created = on_group_created
         self.liveness_seconds = liveness_seconds
+        # An entry its worker stopped renewing for a lease is taken over.
+        self.group = GroupConsumer(
+            redis,
+            keys.turns,
+            TURNS_GROUP,
+            consumer_name,
+            claim_idle_ms=self.lease_ms,
+            claim_calls=_CLAIM_CALLS_PER_READ,
+            on_group_created=on_group_created,
+        )
         self._running: dict[str, _Running] = {}  # by turn id
         self._deferred: set[asyncio.Task[None]] = set()  # resume jobs waiting for a run
         self._stopping = False
-        self._claim_cursor = "0-0"
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take jobs until ``stop`` is set, then drain and hand back."""
-        await self._ensure_group()
-        stop_wait = asyncio.create_task(stop.wait())
+        await self.group.ensure_group()
         try:
             async with Background() as background:
                 background.start(
@@ -119,96 +127,44 @@ class TurnConsumer:
                     ),
                     name="dead-workers",
                 )
-                while not stop.is_set():
-                    free = self.concurrency - len(self._running)
-                    if free <= 0:
-                        tasks = [r.task for r in self._running.values()]
-                        await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
-                        continue
-                    read = asyncio.create_task(self._next_entries(free))
-                    await asyncio.wait([read, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-                    # Entries already read are ours now: start them even when stopping,
-                    # the drain below hands them back properly.
-                    for entry_id, fields, reason in await read:
-                        await self._start(entry_id, fields, reason)
+                await consume(
+                    self.group,
+                    stop,
+                    self._start,
+                    lambda: [r.task for r in self._running.values()],
+                    concurrency=self.concurrency,
+                )
                 self._stopping = True
                 await self._drain()
         finally:
-            stop_wait.cancel()
             for later in list(self._deferred):  # their entries stay pending
                 later.cancel()
 
-    # -- reading ---------------------------------------------------------------
-    async def _next_entries(self, count: int) -> list[tuple[str, dict[str, str], str | None]]:
-        try:
-            entries = await self._take_over(count)
-            if entries:
-                return entries
-            reply = await self.redis.xreadgroup(
-                TURNS_GROUP, self.consumer_name, {self.keys.turns: ">"}, count=count, block=BLOCK_MS
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            log.warning("the turns group is gone (Redis lost its data?); rebuilding")
-            await self._ensure_group()
-            return []
-        except (RedisConnectionError, RedisTimeoutError):
-            # Redis is restarting: wait, then read again (the group may be gone).
-            log.warning("Redis unreachable; retrying", exc_info=True)
-            await asyncio.sleep(0.5)
-            return []
-        return [(e[0], e[1], None) for _s, stream_entries in reply or [] for e in stream_entries]
-
-    async def _take_over(self, count: int) -> list[tuple[str, dict[str, str], str | None]]:
-        """Entries of workers that stopped renewing (idle past the lease).
-
-        XAUTOCLAIM looks at no more than 10 * COUNT pending entries per call,
-        so the scan goes on from the returned cursor (a few calls per read)
-        instead of only ever looking at the oldest live ones.
-        """
-        entries: list[tuple[str, dict[str, str], str | None]] = []
-        for _ in range(_CLAIM_CALLS_PER_READ):
-            cursor, claimed, *_ = await self.redis.xautoclaim(
-                self.keys.turns,
-                TURNS_GROUP,
-                self.consumer_name,
-                min_idle_time=self.lease_ms,
-                start_id=self._claim_cursor,
-                count=count - len(entries),
-            )
-            self._claim_cursor = cursor
-            entries += [(e[0], e[1], "worker_lost") for e in claimed if e and e[0] is not None]
-            if cursor == "0-0" or len(entries) >= count:
-                break
-        return entries
-
-    async def _ensure_group(self) -> None:
-        if await ensure_group(self.redis, self.keys.turns, TURNS_GROUP):
-            await self.on_group_created()
-
     # -- running ---------------------------------------------------------------
-    async def _start(self, entry_id: str, fields: dict[str, str], reason: str | None) -> None:
+    async def _start(self, delivery: Delivery) -> None:
+        entry_id, fields = delivery.entry_id, delivery.fields
         try:
             job = TurnJob.from_fields(fields)
         except ValueError:
             log.error("dropping malformed turn job %s: %r", entry_id, fields)
-            await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
+            await self.group.ack(entry_id)
             return
         running = self._running.get(job.turn_id)
         if running is not None and job.resume:
             # A resume job (a HITL answer, a hand-back) for a turn still ending here,
             # say parking: dropping it would lose the answer. Run it once this run is
             # over; it then finds the turn as that run left it.
-            later = asyncio.create_task(self._start_after(running.task, entry_id, fields, reason))
+            later = asyncio.create_task(self._start_after(running.task, delivery))
             self._deferred.add(later)
             later.add_done_callback(self._deferred.discard)
             return
         if running is not None:
             # Already running here (a duplicate delivery): its own entry is
             # acknowledged when it ends; this one carries nothing more.
-            await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
+            await self.group.ack(entry_id)
             return
+        # Taken over: its worker died or stopped renewing it.
+        reason = "worker_lost" if delivery.taken_over else None
         resume_reason = reason or ("resumed" if job.resume else None)
         runner = TurnRunner(self.ctx, job, resume_reason=resume_reason)
         task = asyncio.create_task(self._handle(entry_id, job, runner), name=f"turn:{job.turn_id}")
@@ -216,16 +172,10 @@ class TurnConsumer:
         self._running[job.turn_id] = _Running(entry_id, runner, task)
         task.add_done_callback(lambda _: self._running.pop(job.turn_id, None))
 
-    async def _start_after(
-        self,
-        running: asyncio.Task[None],
-        entry_id: str,
-        fields: dict[str, str],
-        reason: str | None,
-    ) -> None:
+    async def _start_after(self, running: asyncio.Task[None], delivery: Delivery) -> None:
         await asyncio.wait([running])
         if not self._stopping:  # else it stays pending, for another worker to take
-            await self._start(entry_id, fields, reason)
+            await self._start(delivery)
 
     async def _handle(self, entry_id: str, job: TurnJob, runner: TurnRunner) -> None:
         try:
@@ -235,7 +185,7 @@ class TurnConsumer:
         except Exception as exc:
             # Left unacknowledged: the job stays pending and is taken over, at
             # once since the lease is given up (if PostgreSQL still answers).
-            if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+            if isinstance(exc, RedisUnavailable):
                 log.warning("turn %s paused while Redis is unreachable", job.turn_id)
             else:
                 log.exception("turn %s could not be run", job.turn_id)
@@ -246,7 +196,7 @@ class TurnConsumer:
         if outcome in ("superseded", "busy"):
             # Left pending: taken over again if its holder goes away.
             return
-        await self.redis.xack(self.keys.turns, TURNS_GROUP, entry_id)
+        await self.group.ack(entry_id)
 
     async def _drain(self) -> None:
         if not self._running:
@@ -281,24 +231,15 @@ class TurnConsumer:
         free = self.concurrency - len(self._running)
         if self._stopping or free <= 0:
             return
-        try:
-            claimed = await claim_from_dead(
-                self.redis,
-                self.keys.turns,
-                TURNS_GROUP,
-                self.consumer_name,
-                self.keys.worker_alive,
-                liveness_seconds=self.liveness_seconds,
-                count=free,
-            )
-        except (RedisConnectionError, RedisTimeoutError):
-            return  # Redis is restarting: the read loop says so, and retries
+        claimed = await self.group.take_from_dead(
+            self.keys.worker_alive, liveness_seconds=self.liveness_seconds, count=free
+        )
         if not claimed:
             return
         held: dict[str, list[str]] = {}
-        for dead, _entry_id, fields in claimed:
+        for dead, delivery in claimed:
             with contextlib.suppress(ValueError):  # _start drops a malformed job
-                held.setdefault(dead, []).append(TurnJob.from_fields(fields).turn_id)
+                held.setdefault(dead, []).append(TurnJob.from_fields(delivery.fields).turn_id)
         for dead, turn_ids in held.items():
             log.warning("worker %s is gone; taking over %d turn(s)", dead, len(turn_ids))
             try:
@@ -307,8 +248,8 @@ class TurnConsumer:
             except Exception:
                 # Started anyway: each waits for its lease (busy), then XAUTOCLAIM.
                 log.warning("could not end the leases of worker %s", dead, exc_info=True)
-        for _dead, entry_id, fields in claimed:
-            await self._start(entry_id, fields, "worker_lost")
+        for _dead, delivery in claimed:
+            await self._start(delivery)
 
     async def _pause(self, data: str) -> None:
         """An execution's pause (``<task_id> <turn_id>``): cut its model call short if

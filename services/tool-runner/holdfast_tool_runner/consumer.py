@@ -8,7 +8,9 @@ it is answered, never run twice. Sooner than that, a runner whose liveness key
 lapsed (``HOLDFAST_LIVENESS_SECONDS``: killed) has its calls claimed by a live
 one (``holdfast_shared.orphans``), which reports a call that was in flight as
 interrupted within about one liveness TTL. Asset Directory probes (list a server's tools)
-come on the same stream and are answered on the gateway's reply list. Turn-end
+come on the same stream and are answered on the gateway's reply list, beside workspace
+removals and checkpoint/restore requests (each job's ``kind``: ``jobs.parse_tool_job``;
+reading, taking over and acknowledging: ``holdfast_shared.consuming``). Turn-end
 reap requests (which also close the task's MCP sessions) arrive on a pub/sub
 channel, since every runner may hold processes of that task.
 """
@@ -19,21 +21,19 @@ import asyncio
 import logging
 
 from holdfast_shared.background import Background, every
+from holdfast_shared.consuming import Delivery, GroupConsumer, consume
 from holdfast_shared.jobs import (
     AssetProbe,
     AssetProbeResult,
     ToolCallJob,
     WorkspaceRemoval,
     WorkspaceRequest,
+    parse_tool_job,
 )
 from holdfast_shared.keys import TOOLS_GROUP, Keys
-from holdfast_shared.orphans import claim_from_dead, scan_every
+from holdfast_shared.orphans import scan_every
 from holdfast_shared.pubsub import listen
-from holdfast_shared.streams import ensure_group
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from holdfast_tool_runner.archiving import WorkspaceArchiving
 from holdfast_tool_runner.executor import ToolExecutor
@@ -41,10 +41,6 @@ from holdfast_tool_runner.sandbox import reap_leftovers
 from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
-
-BLOCK_MS = 1000
-
-Entry = tuple[str, dict[str, str]]
 
 
 class ToolConsumer:
@@ -67,13 +63,16 @@ class ToolConsumer:
         self.workspaces = workspaces
         self.consumer_name = consumer_name
         self.concurrency = concurrency
-        self.claim_idle_ms = claim_idle_ms
+        self.group = GroupConsumer(
+            redis, keys.tools, TOOLS_GROUP, consumer_name, claim_idle_ms=claim_idle_ms
+        )
         self.archiving = archiving
         self.liveness_seconds = liveness_seconds
         self._running: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await ensure_group(self.redis, self.keys.tools, TOOLS_GROUP)
+        """Take calls until ``stop`` is set, then let the running ones finish."""
+        await self.group.ensure_group()
         try:
             async with Background() as background:
                 background.start(
@@ -89,47 +88,16 @@ class ToolConsumer:
                     ),
                     name="dead-runners",
                 )
-                while not stop.is_set():
-                    free = self.concurrency - len(self._running)
-                    if free <= 0:
-                        await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
-                        continue
-                    for entry in await self._next_entries(free):
-                        self._start(entry)
+                await consume(
+                    self.group,
+                    stop,
+                    self._start,
+                    lambda: self._running,
+                    concurrency=self.concurrency,
+                )
         finally:
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
-
-    async def _next_entries(self, count: int) -> list[Entry]:
-        try:
-            return await self._read(count)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            log.warning("the tools group is gone (Redis lost its data?); recreating it")
-            await ensure_group(self.redis, self.keys.tools, TOOLS_GROUP)
-        except (RedisConnectionError, RedisTimeoutError):
-            log.warning("Redis unreachable; retrying", exc_info=True)
-            await asyncio.sleep(0.5)
-        return []
-
-    async def _read(self, count: int) -> list[Entry]:
-        # Calls a dead runner left pending first: they are the oldest.
-        _cursor, claimed, *_ = await self.redis.xautoclaim(
-            self.keys.tools,
-            TOOLS_GROUP,
-            self.consumer_name,
-            min_idle_time=self.claim_idle_ms,
-            count=count,
-        )
-        # Redis 6.2 reports claimed-but-deleted entries as (None, None).
-        entries: list[Entry] = [e for e in claimed if e and e[0] is not None]
-        if entries:
-            return entries
-        reply = await self.redis.xreadgroup(
-            TOOLS_GROUP, self.consumer_name, {self.keys.tools: ">"}, count=count, block=BLOCK_MS
-        )
-        return [entry for _stream, stream_entries in reply or [] for entry in stream_entries]
 
     async def _rescue(self) -> None:
         """Take the calls of runners whose liveness key lapsed (the executor then
@@ -137,47 +105,37 @@ class ToolConsumer:
         free = self.concurrency - len(self._running)
         if free <= 0:
             return
-        try:
-            claimed = await claim_from_dead(
-                self.redis,
-                self.keys.tools,
-                TOOLS_GROUP,
-                self.consumer_name,
-                self.keys.runner_alive,
-                liveness_seconds=self.liveness_seconds,
-                count=free,
-            )
-        except (RedisConnectionError, RedisTimeoutError):
-            return  # Redis is restarting: the read loop says so, and retries
-        for dead, entry_id, fields in claimed:
-            log.warning("tool-runner %s is gone; taking over its entry %s", dead, entry_id)
-            self._start((entry_id, fields))
+        claimed = await self.group.take_from_dead(
+            self.keys.runner_alive, liveness_seconds=self.liveness_seconds, count=free
+        )
+        for dead, delivery in claimed:
+            log.warning("tool-runner %s is gone; taking over its entry %s", dead, delivery.entry_id)
+            await self._start(delivery)
 
-    def _start(self, entry: Entry) -> None:
-        task = asyncio.create_task(self._handle(entry), name=f"tool:{entry[0]}")
+    async def _start(self, delivery: Delivery) -> None:
+        task = asyncio.create_task(self._handle(delivery), name=f"tool:{delivery.entry_id}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _handle(self, entry: Entry) -> None:
-        entry_id, fields = entry
+    async def _handle(self, delivery: Delivery) -> None:
+        entry_id = delivery.entry_id
         try:
-            removal = WorkspaceRemoval.find(fields)
-            if removal is not None:
-                await self._handle_removal(entry_id, removal)
-                return
-            probe = AssetProbe.find(fields)
-            if probe is not None:
-                await self._handle_probe(entry_id, probe)
-                return
-            request = WorkspaceRequest.find(fields)
-            if request is not None:
-                await self._handle_workspace_request(entry_id, request)
-                return
-            job = ToolCallJob.from_fields(fields)
+            job = parse_tool_job(delivery.fields)
         except ValueError:
-            log.error("dropping malformed tool call %s: %r", entry_id, fields)
-            await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+            log.error("dropping malformed tool call %s: %r", entry_id, delivery.fields)
+            await self.group.ack(entry_id)
             return
+        match job:
+            case WorkspaceRemoval():
+                await self._handle_removal(entry_id, job)
+            case AssetProbe():
+                await self._handle_probe(entry_id, job)
+            case WorkspaceRequest():
+                await self._handle_workspace_request(entry_id, job)
+            case ToolCallJob():
+                await self._handle_call(entry_id, job)
+
+    async def _handle_call(self, entry_id: str, job: ToolCallJob) -> None:
         try:
             outcome = await self.executor.handle(job)
         except Exception:
@@ -191,7 +149,7 @@ class ToolConsumer:
             job.task_id,
             "error" if outcome.error else "ok",
         )
-        await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+        await self.group.ack(entry_id)
 
     async def _handle_removal(self, entry_id: str, removal: WorkspaceRemoval) -> None:
         try:
@@ -201,7 +159,7 @@ class ToolConsumer:
             # finishes the removal.
             log.exception("could not remove the workspace of task %s", removal.task_id)
             return
-        await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+        await self.group.ack(entry_id)
 
     async def _handle_probe(self, entry_id: str, probe: AssetProbe) -> None:
         """List an Asset Directory server's tools for the gateway waiting on ``reply_to``."""
@@ -220,7 +178,7 @@ class ToolConsumer:
             probe.tenant_id,
             "error" if result.error else f"{len(result.tools)} tool(s)",
         )
-        await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+        await self.group.ack(entry_id)
 
     async def _handle_workspace_request(self, entry_id: str, request: WorkspaceRequest) -> None:
         """Checkpoint or restore a task's workspace for the service waiting on ``reply_to``."""
@@ -234,7 +192,7 @@ class ToolConsumer:
                 request.task_id,
                 reply.error or reply.archive_id,
             )
-        await self.redis.xack(self.keys.tools, TOOLS_GROUP, entry_id)
+        await self.group.ack(entry_id)
 
     async def _remove_workspace(self, tenant_id: str, task_id: str) -> None:
         if self.executor.connectors is not None:
