@@ -50,6 +50,22 @@ SSE_CONTENT: dict[str, Any] = {
 }
 """The ``content`` of a 200 response that is an event stream."""
 
+# Every operation carries one of these (the routers' ``tags=``; a test holds
+# each to it): ``/docs`` shows them as groups, in this order.
+TAGS: list[dict[str, str]] = [
+    {"name": "execute", "description": "Run a turn, follow or replay its events, cancel it"},
+    {"name": "tasks", "description": "A tenant's tasks: status, turns, usage, messages, delete"},
+    {"name": "hitl", "description": "Questions and permission prompts a turn waits on"},
+    {"name": "executions", "description": "Long-running executions: start, pause, resume, stop"},
+    {"name": "agents", "description": "The tenant's agents (built-in and custom)"},
+    {"name": "skills", "description": "Skills an agent can call"},
+    {"name": "assets", "description": "MCP servers and their stored credentials"},
+    {"name": "memory", "description": "Long-term memory: the soul, facts, episodes, import/export"},
+    {"name": "learning", "description": "How far the learning centre is behind"},
+    {"name": "auth", "description": "Stream tokens for clients that cannot send the key"},
+    {"name": "health", "description": "Liveness and readiness"},
+]
+
 
 def operation_id(route: APIRoute) -> str:
     """Operations are named after their functions (``execute``, ``replay``…)."""
@@ -115,6 +131,7 @@ def install(app: FastAPI, *, docs: bool) -> None:
                 summary=app.summary,
                 description=app.description,
                 routes=app.routes,
+                tags=TAGS,
             )
             for path in schema["paths"].values():
                 for operation in path.values():

@@ -52,7 +52,7 @@ from holdfast_gateway import errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, agent_not_found
 from holdfast_gateway.errors import ApiError
 
-router = APIRouter()
+router = APIRouter(tags=["agents"])
 
 MAX_SYSTEM_PROMPT_CHARS = 100_000
 MAX_DESCRIPTION_CHARS = 2_000

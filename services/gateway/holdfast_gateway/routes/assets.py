@@ -61,7 +61,7 @@ from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
 
-router = APIRouter()
+router = APIRouter(tags=["assets"])
 
 MAX_ARGS = 64
 MAX_ENV = 64

@@ -19,7 +19,7 @@ from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.streamtokens import StreamTokens
 
-router = APIRouter()
+router = APIRouter(tags=["auth"])
 
 
 class StreamTokenRequest(BaseModel):

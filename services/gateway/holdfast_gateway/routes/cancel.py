@@ -20,7 +20,7 @@ from holdfast_gateway.cancelling import request_cancel
 from holdfast_gateway.deps import StateDep, TenantDep, require_task
 from holdfast_gateway.errors import ApiError
 
-router = APIRouter()
+router = APIRouter(tags=["execute"])
 
 
 class CancelRequest(BaseModel):

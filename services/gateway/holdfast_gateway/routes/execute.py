@@ -33,7 +33,7 @@ from holdfast_gateway.sse import event_frames, frame, sse_response
 from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.turns import start_turn
 
-router = APIRouter()
+router = APIRouter(tags=["execute"])
 
 MAX_MESSAGE_CHARS = 1_000_000
 # Message ids are PostgreSQL bigints.

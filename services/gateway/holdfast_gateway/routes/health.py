@@ -25,7 +25,7 @@ from sqlalchemy import text
 from holdfast_gateway import errors
 from holdfast_gateway.deps import StateDep, authenticate
 
-router = APIRouter()
+router = APIRouter(tags=["health"])
 
 _PROBE_TIMEOUT = 2.0
 

@@ -31,7 +31,7 @@ from holdfast_gateway import errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
 
-router = APIRouter()
+router = APIRouter(tags=["hitl"])
 
 
 class HitlAnswer(BaseModel):

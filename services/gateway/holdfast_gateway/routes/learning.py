@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from holdfast_gateway import errors
 from holdfast_gateway.deps import StateDep, TenantDep
 
-router = APIRouter()
+router = APIRouter(tags=["learning"])
 
 
 class StreamStatus(BaseModel):

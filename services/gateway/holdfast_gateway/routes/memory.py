@@ -65,7 +65,7 @@ from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.storagequota import check_storage
 
-router = APIRouter()
+router = APIRouter(tags=["memory"])
 
 MAX_QUERY_CHARS = 1000
 # What ``str.strip`` removes (``str.isspace``), as a character class.

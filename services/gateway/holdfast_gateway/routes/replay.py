@@ -28,7 +28,7 @@ from holdfast_gateway.sse import event_frames, sse_response
 from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.streamtokens import MAX_TOKEN_CHARS
 
-router = APIRouter()
+router = APIRouter(tags=["execute"])
 
 # Every cursor is checked against this range before anything is read or sent
 # (Redis stream ids and PostgreSQL bigints both hold it, with room for +1).

@@ -52,7 +52,7 @@ from holdfast_gateway.deps import StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.storagequota import check_storage
 
-router = APIRouter()
+router = APIRouter(tags=["skills"])
 
 ZIP_TYPES = ("application/zip", "application/x-zip-compressed")
 

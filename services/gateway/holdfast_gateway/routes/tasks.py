@@ -33,7 +33,7 @@ from holdfast_gateway.deps import StateDep, TenantDep, require_task
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.taskstatus import BadCursor, TaskStatus
 
-router = APIRouter()
+router = APIRouter(tags=["tasks"])
 
 
 @router.delete(
