@@ -23,12 +23,9 @@ starts messages a dead worker left waiting) run in one
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import signal
-import socket
 
 from holdfast_shared import runtime, workers
 from holdfast_shared.agents import builtin_agents
@@ -40,14 +37,13 @@ from holdfast_shared.memory import embedders
 from holdfast_shared.memory.index import open_index
 from holdfast_shared.memory.search import Searcher
 from holdfast_shared.observability.process import setup_process
-from holdfast_shared.orphans import Heartbeat, refresh_every
+from holdfast_shared.orphans import Heartbeat
 from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.turnlock import TurnLock
 from holdfast_shared.turnqueue import promote_stranded
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from holdfast_loop_worker.consumer import TurnConsumer
 from holdfast_loop_worker.context.engine import ContextEngine, ContextSettings, check_fits
@@ -93,12 +89,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     except ValueError as exc:
         await providers.aclose()
         raise SystemExit(f"loop-worker: invalid settings: {exc}") from None
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    worker_id = f"{socket.gethostname()}-{os.getpid()}"
+    stop = runtime.stop_on_signals(stop)
+    worker_id = runtime.process_name()
     redis = connect(redis_url)
     # Turns hold a connection only for short writes, so 8 (plus as many in
     # overflow) serve a hundred slots. Below that the pool keeps one per slot
@@ -188,11 +180,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ttl_seconds=settings.liveness_seconds,
         )
 
-    heartbeat = Heartbeat(
-        redis_url,
-        keys.worker_alive(worker_id),
-        json.dumps({"providers": sorted(providers.names)}),
-        ttl_seconds=settings.liveness_seconds,
+    presence = runtime.Presence(
+        Heartbeat(
+            redis_url,
+            keys.worker_alive(worker_id),
+            json.dumps({"providers": sorted(providers.names)}),
+            ttl_seconds=settings.liveness_seconds,
+        ),
+        announce,
+        lambda: workers.withdraw(redis, keys, worker_id),
+        liveness_seconds=settings.liveness_seconds,
+        what="announcing the worker and its providers",
     )
     archiver = Archiver(eventlog, settings.archive_interval_seconds)
     # Everything it serves with is imported now (the provider SDKs with the registry).
@@ -207,21 +205,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         async with Background() as background:
             background.start(archiver.run(), name="event-archiver")
             background.start(inbox.run(), name="inbox")
-            # Alive before the first job is read: others take the jobs of a
-            # consumer without a liveness key (holdfast_shared.orphans).
-            with contextlib.suppress(RedisError):  # unreachable: the loop below retries
-                await announce()
-            # Beats through event-loop stalls: only a dead (or stopped) process lapses.
-            heartbeat.start()
-            background.start(
-                every(
-                    refresh_every(settings.liveness_seconds),
-                    announce,
-                    what="announcing the worker and its providers",
-                    wait_first=True,
-                ),
-                name="announce",
-            )
+            await presence.start(background)  # before the first job is read
             background.start(
                 every(
                     30.0, lambda: _expire_questions(human, redis, keys), what="expiring questions"
@@ -252,9 +236,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await archiver.flush()
         await inbox.close()
     finally:
-        await asyncio.to_thread(heartbeat.stop)
-        with contextlib.suppress(RedisError):  # Redis gone: the key lapses on its own
-            await workers.withdraw(redis, keys, worker_id)
+        await presence.stop()
         await providers.aclose()
         if embedder is not None:
             await embedder.aclose()

@@ -19,12 +19,8 @@ in the workspace's last archived state when this disk lacks it (restored first).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
-import signal
-import socket
 
 from holdfast_shared import runners, runtime
 from holdfast_shared.assets import Vault, VaultError, vault_from_settings
@@ -32,12 +28,11 @@ from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
 from holdfast_shared.observability.process import setup_process
-from holdfast_shared.orphans import Heartbeat, refresh_every
+from holdfast_shared.orphans import Heartbeat
 from holdfast_shared.outbound import OutboundPolicy
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.workspace_archive import store_from_settings
-from redis.exceptions import RedisError
 
 from holdfast_tool_runner.archiving import WorkspaceArchiving
 from holdfast_tool_runner.connectors import Connectors
@@ -69,12 +64,8 @@ def _vault(settings: Settings) -> Vault | None:
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     redis_url, database_url = settings.require_urls()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-
-    runner_id = f"{socket.gethostname()}-{os.getpid()}"
+    stop = runtime.stop_on_signals(stop)
+    runner_id = runtime.process_name()
     redis = connect(redis_url, max_connections=50)
     engine = create_engine(database_url, pool_size=4)
     sessions = session_factory(engine)
@@ -123,17 +114,23 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         archiving=archiving,
     )
 
-    heartbeat = Heartbeat(
-        redis_url,
-        keys.runner_alive(runner_id),
-        json.dumps(found.as_dict()),
-        ttl_seconds=settings.liveness_seconds,
-    )
-
     async def announce() -> None:
         await runners.announce(
             redis, keys, runner_id, found.as_dict(), ttl_seconds=settings.liveness_seconds
         )
+
+    presence = runtime.Presence(
+        Heartbeat(
+            redis_url,
+            keys.runner_alive(runner_id),
+            json.dumps(found.as_dict()),
+            ttl_seconds=settings.liveness_seconds,
+        ),
+        announce,
+        lambda: runners.withdraw(redis, keys, runner_id),
+        liveness_seconds=settings.liveness_seconds,
+        what="refreshing the liveness key",
+    )
 
     runtime.settle_heap()
     log.info(
@@ -143,21 +140,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         launchers.start()
     try:
         async with Background() as background:
-            # Alive before the first call is read: others take the calls of a
-            # consumer without a liveness key (holdfast_shared.orphans).
-            with contextlib.suppress(RedisError):  # unreachable: the loop below retries
-                await announce()
-            # Beats through event-loop stalls: only a dead (or stopped) process lapses.
-            heartbeat.start()
-            background.start(
-                every(
-                    refresh_every(settings.liveness_seconds),
-                    announce,
-                    what="refreshing the liveness key",
-                    wait_first=True,
-                ),
-                name="liveness",
-            )
+            await presence.start(background)  # before the first call is read
             background.start(
                 every(
                     _SWEEP_SECONDS,
@@ -203,8 +186,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await connectors.aclose()
         if launchers is not None:
             await launchers.aclose()
-        await asyncio.to_thread(heartbeat.stop)
-        await runners.withdraw(redis, keys, runner_id)
+        await presence.stop()
         await redis.aclose()
         await engine.dispose()
     log.info("tool-runner stopped")
