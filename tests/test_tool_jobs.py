@@ -83,3 +83,11 @@ def test_kind_wins_over_the_field() -> None:
 def test_an_entry_without_a_job_that_parses_is_a_value_error(fields: dict[str, str]) -> None:
     with pytest.raises(ValueError):
         parse_tool_job(fields)
+
+
+@pytest.mark.parametrize("job", JOBS, ids=lambda job: job.kind)
+def test_each_class_finds_only_its_own_kind(job: ToolJob) -> None:
+    fields = job.to_fields()
+    assert type(job).find(fields) == job
+    models = (ToolCallJob, AssetProbe, WorkspaceRemoval, WorkspaceRequest)
+    assert all(model.find(fields) is None for model in models if model is not type(job))

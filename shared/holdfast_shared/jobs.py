@@ -15,7 +15,7 @@ read by its field (``_kind_of_legacy_entry``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationInfo
 from redis.typing import EncodableT, FieldT
@@ -43,6 +43,22 @@ class _Entry(BaseModel):
         if found is None:
             raise ValueError(f"stream entry has no {cls.FIELD!r} field")
         return found
+
+
+class _ToolJobEntry(_Entry):
+    """A job on ``Keys.tools``: written and read through :data:`TOOL_JOB_ADAPTER`."""
+
+    def to_fields(self) -> dict[FieldT, EncodableT]:
+        """The stream entry's fields, as ``XADD`` takes them."""
+        return {self.FIELD: TOOL_JOB_ADAPTER.dump_json(cast(ToolJob, self)).decode()}
+
+    @classmethod
+    def find(cls, fields: dict[str, str]) -> Self | None:
+        """The job if this entry carries one of this kind."""
+        if cls.FIELD not in fields:
+            return None
+        job = parse_tool_job(fields)
+        return job if isinstance(job, cls) else None
 
 
 class TurnJob(_Entry):
@@ -73,7 +89,7 @@ class TurnJob(_Entry):
         return cls(task_id=task_id, turn_id=turn_id, tenant_id=tenant_id, resume=True)
 
 
-class ToolCallJob(_Entry):
+class ToolCallJob(_ToolJobEntry):
     """One tool call for the tool-runners (``Keys.tools``).
 
     ``reply_to`` is the inbox stream of the loop-worker waiting for it; the
@@ -104,7 +120,7 @@ class ToolCallJob(_Entry):
     traceparent: str | None = None
 
 
-class AssetProbe(_Entry):
+class AssetProbe(_ToolJobEntry):
     """Connect to a tenant's Asset Directory server and list its tools: sent by
     the gateway on ``Keys.tools`` (a registration, a completed authorization).
 
@@ -134,7 +150,7 @@ class AssetProbeResult(BaseModel):
     no_runner: bool = False
 
 
-class WorkspaceRemoval(_Entry):
+class WorkspaceRemoval(_ToolJobEntry):
     """A deleted task's workspace to remove: sent on ``Keys.tools`` beside tool calls."""
 
     FIELD: ClassVar[str] = "remove_workspace"
@@ -144,7 +160,7 @@ class WorkspaceRemoval(_Entry):
     task_id: str
 
 
-class WorkspaceRequest(_Entry):
+class WorkspaceRequest(_ToolJobEntry):
     """Archive the task's workspace now (``checkpoint``), or replace it with the
     archive ``archive_id`` (``restore``; None: an empty workspace). Sent on
     ``Keys.tools`` by ``workspace_archive.requests``; the runner answers on the
