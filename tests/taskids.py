@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from holdfast_shared.tasks import find_task
+from holdfast_gateway.tasks import find_task
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 # The tenants behind the ``api_keys`` fixture's keys.

@@ -15,13 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_gateway.tasks import find_task
 from holdfast_loop_worker.toolcalls import ToolCaller
 from holdfast_shared.agents import DEFAULT_AGENT, builtin_agents, model_for
 from holdfast_shared.jobs import ToolCallJob
 from holdfast_shared.keys import Keys
 from holdfast_shared.settings import Settings
 from holdfast_shared.skills import builtin_skills
-from holdfast_shared.tasks import find_task
 from holdfast_shared.tools import BUILTIN_BY_NAME, DEFAULT_PERMISSIONS
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from holdfast_shared.tasks import find_task
+from holdfast_gateway.tasks import find_task
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.conftest import engine_env

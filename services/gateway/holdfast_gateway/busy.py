@@ -33,7 +33,6 @@ from holdfast_shared.errors import ErrorCode
 from holdfast_shared.eventlog import LoggedEvent
 from holdfast_shared.events import UserMessage, parse_event, turn_of
 from holdfast_shared.ids import new_id
-from holdfast_shared.tasks import TaskRef, find_task, lock_task
 from holdfast_shared.turnqueue import PENDING_BY_MODE, count_pending, start_next
 from sqlalchemy import func, select
 
@@ -44,6 +43,7 @@ from holdfast_gateway.sse import event_frames, frame, sse_response
 from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.storagequota import check_storage
+from holdfast_gateway.tasks import TaskRef, find_task, lock_task
 from holdfast_gateway.turns import StartedTurn, start_turn
 
 # How often a stream still waiting for its message checks the message is there.

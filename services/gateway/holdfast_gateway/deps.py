@@ -11,12 +11,12 @@ from fastapi.security import APIKeyHeader
 from holdfast_shared.agents import DEFAULT_AGENT, AgentDefinition, find_agent
 from holdfast_shared.apikeys import KeyIdentity
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.tasks import TaskRef, find_task
 
 from holdfast_gateway.auth import RateLimited
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.limits import check_rate
 from holdfast_gateway.state import GatewayState
+from holdfast_gateway.tasks import TaskRef, find_task
 
 
 async def get_state(request: Request) -> GatewayState:

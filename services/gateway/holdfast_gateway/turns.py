@@ -25,7 +25,6 @@ from holdfast_shared.ids import created_ms, new_id, new_task_id
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.observability import tracing
 from holdfast_shared.observability.scopes import traced
-from holdfast_shared.tasks import TaskRef, lock_task
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -35,6 +34,7 @@ from holdfast_gateway.forks import ForkRequest, fork_for_turn
 from holdfast_gateway.limits import check_new_turn
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.storagequota import check_storage
+from holdfast_gateway.tasks import TaskRef, lock_task
 
 
 @dataclass(frozen=True, slots=True)

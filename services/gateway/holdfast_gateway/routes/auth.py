@@ -10,7 +10,6 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Request
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
-from holdfast_shared.tasks import TaskRef
 from pydantic import BaseModel, ConfigDict, Field
 
 from holdfast_gateway import errors
@@ -18,6 +17,7 @@ from holdfast_gateway.deps import CallerDep, JsonBody, StateDep, authenticate, r
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.streamtokens import StreamTokens
+from holdfast_gateway.tasks import TaskRef
 
 router = APIRouter(tags=["auth"])
 

@@ -44,7 +44,6 @@ from holdfast_shared.executions import (
 )
 from holdfast_shared.ids import ID_PATTERN, new_id
 from holdfast_shared.jobs import TurnJob
-from holdfast_shared.tasks import TaskRef
 from holdfast_shared.working_memory import live_working_memory, stored_working_memory
 from holdfast_shared.workspace_archive.requests import (
     WorkspaceRequestError,
@@ -59,6 +58,7 @@ from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.routes import tasks
 from holdfast_gateway.state import GatewayState
+from holdfast_gateway.tasks import TaskRef
 from holdfast_gateway.turns import start_turn
 
 router = APIRouter(prefix="/v1/execution", tags=["executions"])

@@ -23,13 +23,13 @@ from holdfast_shared.db.models import HitlRequestRecord, Task
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import TurnJob
-from holdfast_shared.tasks import find_task
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select, update
 
 from holdfast_gateway import errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.tasks import find_task
 
 router = APIRouter(tags=["hitl"])
 

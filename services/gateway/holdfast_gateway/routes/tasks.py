@@ -22,7 +22,6 @@ from holdfast_shared.db.models import (
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import WorkspaceRemoval
-from holdfast_shared.tasks import lock_task
 from holdfast_shared.turnqueue import count_pending
 from holdfast_shared.working_memory import live_working_memory, stored_working_memory
 from pydantic import BaseModel
@@ -31,6 +30,7 @@ from sqlalchemy import delete, select
 from holdfast_gateway import errors, taskstatus
 from holdfast_gateway.deps import StateDep, TenantDep, require_task
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.tasks import lock_task
 from holdfast_gateway.taskstatus import BadCursor, TaskStatus
 
 router = APIRouter(tags=["tasks"])

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from holdfast_shared.db.models import Task
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
-
-from holdfast_shared.db.models import Task
 
 
 @dataclass(frozen=True, slots=True)
