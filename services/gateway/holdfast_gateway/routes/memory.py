@@ -40,7 +40,6 @@ from holdfast_shared.content import NO_NUL_PATTERN, Text
 from holdfast_shared.db.models import Fact, SoulVersion
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
-from holdfast_shared.memory import importing, transfer
 from holdfast_shared.memory.brain import USER_ID_PATTERN, Brain
 from holdfast_shared.memory.search import Kind, Searcher, fact_extra
 from holdfast_shared.memory.store import (
@@ -62,6 +61,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from holdfast_gateway import errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.memory import importing, transfer
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.storagequota import check_storage
 

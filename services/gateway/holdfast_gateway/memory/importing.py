@@ -30,6 +30,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from holdfast_shared.db.models import Entity, Episode, Fact, Relation, SoulVersion
+from holdfast_shared.memory.brain import Brain
+from holdfast_shared.memory.store import lock_brain, normalize
 from sqlalchemy import (
     ARRAY,
     Text,
@@ -47,10 +50,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from holdfast_shared.db.models import Entity, Episode, Fact, Relation, SoulVersion
-from holdfast_shared.memory.brain import Brain
-from holdfast_shared.memory.store import lock_brain, normalize
-from holdfast_shared.memory.transfer import (
+from holdfast_gateway.memory.transfer import (
     LINE_KINDS,
     EntityLine,
     EpisodeLine,

@@ -28,6 +28,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
+from holdfast_shared.content import Text
+from holdfast_shared.db.models import Entity, Episode, Fact, Relation, SoulVersion
+from holdfast_shared.ids import ID_PATTERN
+from holdfast_shared.memory.brain import Brain
+from holdfast_shared.memory.store import (
+    ENTITY_KINDS,
+    MAX_FACT_CHARS,
+    MAX_SOUL_CHARS,
+    normalize,
+)
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -40,17 +50,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
-
-from holdfast_shared.content import Text
-from holdfast_shared.db.models import Entity, Episode, Fact, Relation, SoulVersion
-from holdfast_shared.ids import ID_PATTERN
-from holdfast_shared.memory.brain import Brain
-from holdfast_shared.memory.store import (
-    ENTITY_KINDS,
-    MAX_FACT_CHARS,
-    MAX_SOUL_CHARS,
-    normalize,
-)
 
 MEDIA_TYPE = "application/x-ndjson"
 # Kinds of line, in the order an export writes them.
