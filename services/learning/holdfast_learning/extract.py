@@ -16,7 +16,6 @@ from importlib import resources
 from typing import Any
 
 from holdfast_shared.conversation import ChatMessage
-from holdfast_shared.memory.extraction import RECORD_MEMORY, Extraction
 from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.providers.base import (
     ModelRequest,
@@ -26,6 +25,8 @@ from holdfast_shared.providers.base import (
 )
 from holdfast_shared.providers.retry import stream_with_retries
 from pydantic import ValidationError
+
+from holdfast_learning.extraction import RECORD_MEMORY, Extraction
 
 # One trajectory's transcript is cut to this many characters (its head and tail).
 MAX_TRANSCRIPT_CHARS = 60_000

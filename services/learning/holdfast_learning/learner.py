@@ -30,7 +30,6 @@ from datetime import UTC, datetime, timedelta
 from holdfast_shared.db.models import SoulVersion, TrajectoryRecord
 from holdfast_shared.keys import Keys
 from holdfast_shared.memory import Brain
-from holdfast_shared.memory.extraction import Extraction
 from holdfast_shared.memory.index import MemoryIndex, entity_text
 from holdfast_shared.memory.store import (
     NewFact,
@@ -47,6 +46,7 @@ from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_learning.extract import Extractor
+from holdfast_learning.extraction import Extraction
 
 log = logging.getLogger(__name__)
 

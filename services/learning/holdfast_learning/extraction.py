@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from holdfast_shared.tools import ToolSpec
+from pydantic import BaseModel, ConfigDict, Field
 
 EntityKind = Literal["person", "organisation", "project", "place", "other"]
 
