@@ -114,7 +114,7 @@ class Keys:
 
     def tenant_stored_bytes(self, tenant_id: str) -> str:
         """The tenant's bytes in PostgreSQL and the archive store, as last measured
-        (``holdfast_shared.storageusage``); expires after the refresh interval."""
+        (``holdfast_gateway.storageusage``); expires after the refresh interval."""
         return f"{self.prefix}tenant:{{{tenant_id}}}:stored-bytes"
 
     def tenant_workspace_bytes(self, tenant_id: str) -> str:

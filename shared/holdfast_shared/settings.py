@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     # Bytes a tenant may keep stored (event log rows, workspace archives and blobs, live
     # workspaces on the tool-runners' disks); 0: no cap. Over it, new writes (a turn,
     # an execution, a memory import, a skill) get 507 STORAGE_QUOTA_EXCEEDED
-    # (holdfast_shared.storageusage); the stored part of the figure is at most
+    # (holdfast_gateway.storageusage); the stored part of the figure is at most
     # storage_usage_refresh_seconds old.
     tenant_max_storage_bytes: int = Field(default=0, ge=0)
     storage_usage_refresh_seconds: float = Field(default=30.0, gt=0, le=3600)

@@ -5,17 +5,17 @@ message queued with ``on_busy``), a new execution, a memory import, a skill
 upload — and answered 507 ``STORAGE_QUOTA_EXCEEDED`` with ``details.limit_bytes``
 and ``details.used_bytes``. A turn already accepted is never cut short: what
 it writes while it runs is counted against the next request. How usage is
-measured, and how stale it may be: ``holdfast_shared.storageusage``.
+measured, and how stale it may be: ``holdfast_gateway.storageusage``.
 """
 
 from __future__ import annotations
 
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.storageusage import StorageMeter
 from holdfast_shared.workspace_archive import store_from_settings
 
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState
+from holdfast_gateway.storageusage import StorageMeter
 
 
 def meter(state: GatewayState) -> StorageMeter:

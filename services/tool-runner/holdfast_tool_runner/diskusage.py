@@ -3,7 +3,7 @@
 Consumes: the workspaces on this runner's disk (``Workspaces.list``).
 Produces: ``Keys.tenant_workspace_bytes(tenant)``, a Redis hash task id →
 bytes, which the gateway adds to the tenant's stored bytes for
-``HOLDFAST_TENANT_MAX_STORAGE_BYTES`` (``holdfast_shared.storageusage``).
+``HOLDFAST_TENANT_MAX_STORAGE_BYTES`` (``holdfast_gateway.storageusage``).
 
 A workspace's bytes are the blocks its filesystem image really occupies (the
 image is sparse: a 1 GiB cap costs what was written), or the blocks of its

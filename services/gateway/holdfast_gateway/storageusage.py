@@ -26,13 +26,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import cast
 
-from redis.asyncio import Redis
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from holdfast_shared.db.models import EventRecord, Task
 from holdfast_shared.keys import Keys
 from holdfast_shared.workspace_archive.stores import ArchiveStore
+from redis.asyncio import Redis
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 
 @dataclass(frozen=True, slots=True)
