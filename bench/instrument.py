@@ -88,15 +88,18 @@ def _wrap(
 def _install_worker() -> None:
     from holdfast_loop_worker import toolcalls, turn
     from holdfast_loop_worker.emitter import Emitter
+    from holdfast_loop_worker.turn import model_step, resume
     from holdfast_shared.eventlog import EventLog
 
     runner = turn.TurnRunner
-    _wrap(runner, "_snapshot", "snapshot", lambda self, *a, **k: self.job.turn_id, outer=True)
+    # Steps are module functions taking the turn's handle (run.py calls them
+    # through their modules, so wrapping the module attribute catches them).
+    _wrap(turn.LiveTurn, "snapshot", "snapshot", lambda self, *a, **k: self.job.turn_id, outer=True)
     _wrap(Emitter, "drain", "snapshot.drain", lambda *a, **k: None, only_inside="snapshot")
     # One transaction: the task's unarchived events, the step's message, the state.
     _wrap(EventLog, "archive_now", "snapshot.write", lambda *a, **k: None, only_inside="snapshot")
-    _wrap(runner, "_model_step", "model_step", lambda self, *a, **k: self.job.turn_id)
-    _wrap(runner, "_announce_resume", "announce_resume", lambda self, *a, **k: self.job.turn_id)
+    _wrap(model_step, "model_step", "model_step", lambda t, *a, **k: t.job.turn_id)
+    _wrap(resume, "announce_resume", "announce_resume", lambda t, *a, **k: t.job.turn_id)
     _wrap(runner, "run", "turn", lambda self, *a, **k: self.job.turn_id)
     caller = toolcalls.ToolCaller
     _wrap(caller, "run", "tool.run", lambda self, ctx, call_id, *a, **k: call_id, outer=True)

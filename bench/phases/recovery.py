@@ -77,7 +77,7 @@ def run(ctx: Context) -> list[Row]:
                 label,
                 f"p50 {pct(total, 50):.2f} ms\np99 {pct(total, 99):.2f} ms",
                 target=f"≤ {TARGET_SNAPSHOT_MS:g} ms p50",
-                detail=f"{len(total)} TurnRunner._snapshot calls (one per model call) in "
+                detail=f"{len(total)} LiveTurn.snapshot calls (one per model call) in "
                 f"{s.snapshot_turns} sequential short turns on {RECOVERY_WORKERS} instrumented "
                 f"workers: waiting for the emitter to drain p50 {pct(drain, 50):.2f} ms, p99 "
                 f"{pct(drain, 99):.2f} ms; the task's unarchived events, the step's message "

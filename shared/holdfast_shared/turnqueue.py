@@ -178,7 +178,7 @@ async def start_next(
         bodies.append((note.type, body_json(note)))
     await eventlog.append_bodies(task_id, head.id, bodies, name=name)
     job = TurnJob(task_id=task_id, turn_id=head.id, tenant_id=tenant_id, agent=agent, model=model)
-    await redis.xadd(keys.turns, job.to_fields())
+    await queue_turn(redis, keys, job)
     log.info("started pending turn %s of task %s (%s)", head.id, task_id, promoted_from)
     return head.id
 
@@ -232,3 +232,14 @@ async def promote_stranded(
     if started:
         log.warning("started %d stranded pending turn(s)", started)
     return started
+
+
+async def queue_turn(redis: Redis, keys: Keys, job: TurnJob) -> None:
+    """Put ``job`` on the turns stream (``Keys.turns``) for a loop-worker.
+
+    The one writer of that stream, for a new turn and a re-queued one alike
+    (a hand-back, an answered question, a retry, a lost Redis): a job is only
+    ever a pointer to a ``turns`` row, so queuing one twice is harmless (the
+    turn's lease lets one worker through).
+    """
+    await redis.xadd(keys.turns, job.to_fields())

@@ -1,14 +1,16 @@
 """The loop-worker's part of executions (``/v1/execution``): pause, automatic
 checkpoints, ``max_duration_seconds`` and retries, at the turn's step boundaries.
 
-``turn.py`` and ``consumer.py`` call in at a few points and leave the rest here:
+The turn's conductor (``turn/run.py``) and ``consumer.py`` call in at a few
+points and leave the rest here; every hook gets the turn's handle
+(``turn/handle.py``), never the conductor:
 
 * when it claims a turn, :meth:`ExecutionRun.load` — None unless the turn is
   an execution's (one indexed read), and every other hook is then a no-op;
 * while it streams a model call, :func:`interrupt_for_pause` (the consumer's
   pause listener): the call is cut off so a pause lands in well under a
   second, not after the model's whole answer;
-* at every step boundary (the top of ``_drive``'s loop: after each snapshot,
+* at every step boundary (the top of the conductor's loop: after each snapshot,
   and before the first step) :func:`at_boundary`: a pause request for this
   turn (``Keys.pause``, set by the gateway) raises :class:`PauseRequested`,
   and an automatic checkpoint is taken when ``checkpoint_interval_seconds``
@@ -34,7 +36,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from holdfast_shared.db.models import ChannelStateSnapshot, Execution, Turn
 from holdfast_shared.errors import ErrorCode, TurnSignal
@@ -54,8 +56,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.lease import Leases
-from holdfast_loop_worker.state import Snapshots, TurnState
-from holdfast_loop_worker.stopping import TurnStop
+from holdfast_loop_worker.state import Snapshots
 from holdfast_loop_worker.toolcalls import ToolCaller
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,12 @@ log = logging.getLogger(__name__)
 _NOT_RETRIED = frozenset({ErrorCode.EXECUTION_MAX_DURATION, ErrorCode.DEADLINE_EXCEEDED})
 
 
-# What this module uses of ``turn.py``'s TurnContext and TurnRunner, as
-# protocols: ``turn.py`` imports this module, so this one must not import it.
+if TYPE_CHECKING:
+    # The handle's module names ExecutionRun: this one imports it for types alone.
+    from holdfast_loop_worker.turn.handle import TurnHandle
+
+
+# What this module uses of the worker's TurnContext (turn/handle.py).
 class _Context(Protocol):
     @property
     def sessions(self) -> async_sessionmaker[AsyncSession]: ...
@@ -85,36 +90,13 @@ class _Context(Protocol):
     def lock(self) -> TurnLock: ...
     @property
     def tools(self) -> ToolCaller | None: ...
-    @property
-    def hitl_ttl_seconds(self) -> int: ...
 
 
-class _TaskName(Protocol):
-    @property
-    def task_name(self) -> str: ...
-
-
-class TurnRunner(Protocol):
-    @property
-    def ctx(self) -> _Context: ...
-    @property
-    def job(self) -> TurnJob: ...
-    @property
-    def state(self) -> TurnState: ...
-    @property
-    def stop(self) -> TurnStop: ...
-    @property
-    def emitter(self) -> _TaskName: ...
-    @property
-    def streaming(self) -> bool: ...
-
-    pause_pending: bool
+class _RunsTurn(Protocol):
+    """What the consumer holds of a running turn (the conductor)."""
 
     @property
-    def execution(self) -> ExecutionRun | None: ...
-    async def _snapshot(self, reason: str, *, advance: bool = True) -> None: ...
-    async def _cancel_requested(self) -> bool: ...
-    def _active_ms(self) -> int: ...
+    def handle(self) -> TurnHandle: ...
 
 
 class PauseRequested(TurnSignal):
@@ -135,10 +117,10 @@ class ExecutionRun:
     budget_is_execution: bool = False
 
     @classmethod
-    async def load(cls, runner: TurnRunner) -> ExecutionRun | None:
-        async with runner.ctx.reads() as session:
-            row = await executions.of_task(session, runner.job.task_id)
-        if row is None or row.turn_id != runner.job.turn_id:
+    async def load(cls, ctx: _Context, job: TurnJob) -> ExecutionRun | None:
+        async with ctx.reads() as session:
+            row = await executions.of_task(session, job.task_id)
+        if row is None or row.turn_id != job.turn_id:
             return None  # not an execution, or another turn of its task
         config: dict[str, Any] = row.config or {}
         retry: dict[str, Any] = config.get("retry") or {}
@@ -166,24 +148,22 @@ class ExecutionRun:
         )
 
 
-async def at_boundary(runner: TurnRunner) -> None:
+async def at_boundary(turn: TurnHandle, ctx: _Context) -> None:
     """Between two steps: pause if asked to, take an automatic checkpoint if due."""
-    run = runner.execution
+    run = turn.execution
     if run is None:
         return
-    ctx = runner.ctx
-    if await ctx.redis.get(ctx.keys.pause(runner.job.task_id)) == runner.job.turn_id:
+    if await ctx.redis.get(ctx.keys.pause(turn.job.task_id)) == turn.job.turn_id:
         raise PauseRequested()
     interval = run.checkpoint_interval_seconds
     now = datetime.now(UTC)
     if interval is not None and now - run.last_checkpoint >= timedelta(seconds=interval):
         run.last_checkpoint = now
-        await _automatic_checkpoint(runner, run)
+        await _automatic_checkpoint(turn, ctx, run)
 
 
-async def _automatic_checkpoint(runner: TurnRunner, run: ExecutionRun) -> None:
-    ctx = runner.ctx
-    job = runner.job
+async def _automatic_checkpoint(turn: TurnHandle, ctx: _Context, run: ExecutionRun) -> None:
+    job = turn.job
     archive_id: str | None = None
     if ctx.tools is not None:
         try:
@@ -206,15 +186,15 @@ async def _automatic_checkpoint(runner: TurnRunner, run: ExecutionRun) -> None:
             row,
             label="automatic",
             state=row.state,
-            turn_state=runner.state.to_json(),
+            turn_state=turn.state.to_json(),
             last_message_id=last_message,
-            working_memory=dict(runner.state.working_memory),
+            working_memory=dict(turn.state.working_memory),
             workspace_archive_id=archive_id,
             automatic=True,
         )
 
 
-def interrupt_for_pause(runner: TurnRunner) -> None:
+def interrupt_for_pause(runner: _RunsTurn) -> None:
     """A pause request published for this turn (``Keys.pauses``): a model call in
     its stream is cut off now rather than awaited — the turn then parks as at a
     boundary, and on resume that call runs again (``turn_resumed`` names its
@@ -227,25 +207,21 @@ def interrupt_for_pause(runner: TurnRunner) -> None:
     the next call may have read the pause key before the gateway set it, and
     that call would otherwise stream whole before the turn parks.
     """
-    if runner.execution is None:
-        return
-    if runner.streaming:
-        runner.stop.request("pause")
-    else:
-        runner.pause_pending = True
+    turn = runner.handle
+    if turn.execution is not None:
+        turn.interrupt_for_pause()
 
 
-async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:
+async def park_paused(turn: TurnHandle, ctx: _Context, *, cut: bool = False) -> str:
     """Park the turn on its pause request, the way a HITL question parks it.
 
     ``cut``: a model call was cut off; the snapshot keeps the last boundary's
     ``last_seq``, so the resumer names the call's partial output (as after a
     hand-back).
     """
-    ctx = runner.ctx
-    job = runner.job
-    await runner._snapshot("pause", advance=not cut)
-    await ctx.lock.extend(job.task_id, job.turn_id, ctx.hitl_ttl_seconds + 3600)
+    job = turn.job
+    await turn.snapshot("pause", advance=not cut)
+    await turn.keep_task_while_parked()
     # One transaction: the lease goes (as Leases.release(status="paused") does)
     # with the row marked, so the execution reads paused exactly when no worker
     # holds the turn any more.
@@ -268,7 +244,7 @@ async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:
             .where(Turn.id == job.turn_id, Turn.lease_owner == ctx.leases.owner)
             .values(status="paused", lease_owner=None, lease_until=None)
         )
-        await executions.mark_paused(session, job.task_id, runner.state.active_ms)
+        await executions.mark_paused(session, job.task_id, turn.state.active_ms)
     if ctx.tools is not None:
         # A pause may last hours, and checkpoints are taken during one: what the
         # task's tools left running (a stdio MCP server, which a turn's end would
@@ -276,7 +252,7 @@ async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:
         # (security issue #23). Sent whether this run used tools or not: a
         # session may be from before a park of the same turn.
         await ctx.tools.turn_ended(job.tenant_id, job.task_id)
-    if await runner._cancel_requested():
+    if await turn.cancel_requested():
         # A cancel that came while the turn was stopping for the pause found it
         # stopping already and was not taken: the turn goes back to the queue,
         # and the worker that takes it ends it as cancelled. (A cancel that
@@ -284,23 +260,21 @@ async def park_paused(runner: TurnRunner, *, cut: bool = False) -> str:
         async with ctx.sessions.begin() as session:
             requeue = await executions.claimable_again(session, job.turn_id)
         if requeue:
-            resume = job.model_copy(update={"resume": True})
-            await ctx.redis.xadd(ctx.keys.turns, resume.to_fields())
+            await turn.requeue(job.model_copy(update={"resume": True}))
     return "paused"
 
 
-async def turn_ended(runner: TurnRunner, status: str, last: list[Any]) -> None:
+async def turn_ended(turn: TurnHandle, ctx: _Context, status: str, last: list[Any]) -> None:
     """After the turn's end is recorded: the execution's status, or a retry."""
-    run = runner.execution
+    run = turn.execution
     if run is None:
         return
-    ctx = runner.ctx
-    job = runner.job
+    job = turn.job
     await ctx.redis.delete(ctx.keys.pause(job.task_id))
     error = next((e for e in last if isinstance(e, ErrorEvent)), None)
-    active_ms = runner._active_ms()
+    active_ms = turn.active_ms()
     if status == "errored" and error is not None and error.error not in _NOT_RETRIED:
-        if await _retry(runner, run, f"{error.error}: {error.message}"):
+        if await _retry(turn, ctx, run, f"{error.error}: {error.message}"):
             return
     async with ctx.sessions.begin() as session:
         if status == "completed":
@@ -316,11 +290,10 @@ async def turn_ended(runner: TurnRunner, status: str, last: list[Any]) -> None:
             )
 
 
-async def _retry(runner: TurnRunner, run: ExecutionRun, reason: str) -> bool:
+async def _retry(turn: TurnHandle, ctx: _Context, run: ExecutionRun, reason: str) -> bool:
     """Roll back to the last checkpoint and run the turn again after the backoff;
     False when no attempt is left (or the task moved on)."""
-    ctx = runner.ctx
-    job = runner.job
+    job = turn.job
     async with ctx.sessions.begin() as session:
         attempt = await session.scalar(
             update(Execution)
@@ -339,45 +312,48 @@ async def _retry(runner: TurnRunner, run: ExecutionRun, reason: str) -> bool:
     if not await ctx.lock.acquire(job.task_id, job.turn_id):
         return False
     log.info("execution %s: attempt %d after %s", run.execution_id, attempt + 1, reason)
-    backoff = run.retry_backoff_seconds
     try:
-        async with ctx.sessions() as session:
-            row = await session.get(Execution, run.execution_id)
-            checkpoint = await executions.latest_checkpoint(session, run.execution_id)
-        assert row is not None
-        await roll_back(
-            sessions=ctx.sessions,
-            redis=ctx.redis,
-            keys=ctx.keys,
-            eventlog=ctx.eventlog,
-            execution=row,
-            task_name=runner.emitter.task_name,
-            target=RollbackTarget(checkpoint),
-            snapshot_ttl=ctx.snapshots.active_ttl,
-        )
-        async with ctx.sessions.begin() as session:
-            # Ours until the backoff ends: should this worker die meanwhile, the
-            # lease lapses and whoever takes the job over runs the retry.
-            await session.execute(
-                update(Turn)
-                .where(Turn.id == job.turn_id)
-                .values(
-                    status="running",
-                    stop_reason=None,
-                    finished_at=None,
-                    lease_owner=ctx.leases.owner,
-                    lease_until=datetime.now(UTC)
-                    + timedelta(seconds=backoff)
-                    + ctx.leases.duration,
-                )
-            )
+        await _roll_back_for_retry(turn, ctx, run)
     except Exception:
         log.exception("execution %s: the retry could not be prepared", run.execution_id)
         await ctx.lock.release(job.task_id, job.turn_id)
         return False
-    await asyncio.sleep(backoff)
+    await asyncio.sleep(run.retry_backoff_seconds)
     await ctx.leases.release(job.turn_id)
-    await ctx.redis.xadd(
-        ctx.keys.turns, TurnJob.resuming(job.tenant_id, job.task_id, job.turn_id).to_fields()
-    )
+    await turn.requeue(TurnJob.resuming(job.tenant_id, job.task_id, job.turn_id))
     return True
+
+
+async def _roll_back_for_retry(turn: TurnHandle, ctx: _Context, run: ExecutionRun) -> None:
+    """The task back at the execution's last checkpoint, the turn running again
+    and held by this worker through the backoff."""
+    async with ctx.sessions() as session:
+        row = await session.get(Execution, run.execution_id)
+        checkpoint = await executions.latest_checkpoint(session, run.execution_id)
+    assert row is not None
+    await roll_back(
+        sessions=ctx.sessions,
+        redis=ctx.redis,
+        keys=ctx.keys,
+        eventlog=ctx.eventlog,
+        execution=row,
+        task_name=turn.task_name,
+        target=RollbackTarget(checkpoint),
+        snapshot_ttl=ctx.snapshots.active_ttl,
+    )
+    async with ctx.sessions.begin() as session:
+        # Ours until the backoff ends: should this worker die meanwhile, the
+        # lease lapses and whoever takes the job over runs the retry.
+        await session.execute(
+            update(Turn)
+            .where(Turn.id == turn.job.turn_id)
+            .values(
+                status="running",
+                stop_reason=None,
+                finished_at=None,
+                lease_owner=ctx.leases.owner,
+                lease_until=datetime.now(UTC)
+                + timedelta(seconds=run.retry_backoff_seconds)
+                + ctx.leases.duration,
+            )
+        )

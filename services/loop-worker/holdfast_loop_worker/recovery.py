@@ -18,6 +18,7 @@ from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
 from holdfast_shared.observability import metrics
 from holdfast_shared.turnlock import TurnLock
+from holdfast_shared.turnqueue import queue_turn
 from redis.asyncio import Redis
 from sqlalchemy import ColumnElement, and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -28,8 +29,7 @@ log = logging.getLogger(__name__)
 async def queue_resume(
     redis: Redis, keys: Keys, tenant_id: str, task_id: str, turn_id: str
 ) -> None:
-    job = TurnJob(task_id=task_id, turn_id=turn_id, tenant_id=tenant_id, resume=True)
-    await redis.xadd(keys.turns, job.to_fields())
+    await queue_turn(redis, keys, TurnJob.resuming(tenant_id, task_id, turn_id))
 
 
 async def requeue_unfinished(

@@ -4,7 +4,7 @@ Allowed calls go out as a :class:`~holdfast_shared.jobs.ToolCallJob`; the
 reply comes to this worker's inbox, and the ``tool_results`` row is the
 durable answer if the reply is missed (after a crash the next worker finds
 it there: a call already executed is never executed again). Policy
-decisions and permission prompts are the loop's (``turn.py``): this module
+decisions and permission prompts are the loop's (``turn/tool_step.py``): this module
 only executes, and says what the policy is (:meth:`ToolCaller.policy`): the
 turn's agent's (``holdfast_shared.agents``) under the operator's overrides.
 An Asset Directory server's tool (an MCP tool, ``{server}__{tool}``) goes the

@@ -3,8 +3,8 @@
 A call is retried only while it has produced nothing: once a delta reached
 the client, repeating the call would show the user text twice, so a failure
 after that point is final (:class:`StreamInterrupted`) and the loop ends the
-turn cleanly (see ``turn.py``). Waits back off exponentially with jitter and
-never undercut the server's ``retry-after``.
+turn cleanly (see the loop-worker's ``turn/model_step.py``). Waits back off
+exponentially with jitter and never undercut the server's ``retry-after``.
 """
 
 from __future__ import annotations

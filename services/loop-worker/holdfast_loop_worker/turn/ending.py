@@ -1,0 +1,145 @@
+"""How a turn ends: its terminal events, then the record of its end (SQL in ``rows.py``).
+
+A run that raised is mapped to one :data:`Outcome` (``run.py``); every
+ending goes through :func:`end`: ``completed`` (with its stop reason),
+``cancelled`` (``completed`` on the wire, ``stop_reason: "cancelled"``) or
+``errored`` (an ``error`` event with a stable code first). The turn's
+``usage`` total precedes its terminal event unless the last one sent says it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from holdfast_shared.errors import ErrorCode, HoldfastError
+from holdfast_shared.events import ErrorEvent, ThreadLifecycle, Usage
+from holdfast_shared.observability import metrics
+
+from holdfast_loop_worker.turn.handle import TurnHandle
+
+# How a run that stopped ends (the conductor's table, run.py, picks one).
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+    # A deadline cut a model call: its open blocks are closed first.
+    close_blocks: bool = False
+    # A model call broke after output reached the client: its partial message.
+    store: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, error: HoldfastError, *, store: dict[str, Any] | None = None) -> Fail:
+        return cls(error.code, error.message, error.details, store=store)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """``POST /execute/cancel``: what the model had said is kept."""
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    # A model call was cut off (its partial output is named on resume).
+    cut: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """Shutdown: another worker continues the turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reraise:
+    """Not the turn's to end: the consumer decides (left pending, or stopped)."""
+
+
+Outcome = Fail | Cancel | Park | Pause | HandBack | Reraise
+
+
+async def completed(turn: TurnHandle, stop_reason: str) -> str:
+    last = ThreadLifecycle(phase="completed", stop_reason=stop_reason)
+    await end(turn, "completed", stop_reason, [*final_usage(turn), last])
+    return "completed"
+
+
+async def cancelled(turn: TurnHandle) -> str:
+    last = ThreadLifecycle(phase="completed", stop_reason="cancelled")
+    await end(turn, "cancelled", "cancelled", [*final_usage(turn), last])
+    return "cancelled"
+
+
+async def failed(
+    turn: TurnHandle, code: str, message: str, details: dict[str, Any] | None = None
+) -> str:
+    error = ErrorEvent(error=code, message=message, details=details)
+    await end(turn, "errored", None, [*final_usage(turn), error, ThreadLifecycle(phase="errored")])
+    return "errored"
+
+
+async def state_expired(turn: TurnHandle) -> str:
+    """Its channel state outlived its TTL: the turn cannot go on, and a client
+    replaying it learns so from the error."""
+    message = "the turn's saved state expired before it could continue; send the message again"
+    return await failed(turn, ErrorCode.CHANNEL_STATE_EXPIRED, message)
+
+
+async def already_ended(turn: TurnHandle) -> str:
+    """A turn resumed after its terminal event was logged: only its end is recorded."""
+    status = turn.seen.terminal_status
+    await end(turn, status, turn.seen.terminal_stop_reason, [])
+    return status
+
+
+async def end(turn: TurnHandle, status: str, stop_reason: str | None, last: list[Any]) -> None:
+    """Log the terminal events and free the task (one atomic step), then record it.
+
+    A turn resumed after its terminal event was logged (the worker died
+    just after) only records the end: the events are not logged twice.
+    """
+    error = next((e for e in last if isinstance(e, ErrorEvent)), None)
+    ending = turn.ending(
+        status, stop_reason, {"code": error.error, "message": error.message} if error else None
+    )
+    # Counted before the terminal event: a client that saw it finds it counted.
+    metrics.turn_ended(ending)
+    if turn.seen.terminal:
+        await turn.release_task()
+    else:
+        await turn.finish_events(last)
+    await turn.record_end(ending)
+    await turn.end_execution(status, last)
+    # The task is free: a message that waited for this turn starts now.
+    await turn.start_following()
+
+
+def final_usage(turn: TurnHandle) -> list[Usage]:
+    """The turn's total before its terminal event, unless the last ``usage``
+    this worker sent (after the last model call) says it already."""
+    if turn.reported_usage == turn.state.usage:
+        return []
+    return [usage_so_far(turn, record=True)]
+
+
+def usage_so_far(turn: TurnHandle, *, record: bool = False) -> Usage:
+    """``usage`` so far in the turn: cumulative over its model calls."""
+    u = turn.state.usage
+    if record:
+        turn.reported_usage = dict(u)
+    return Usage(
+        input_tokens=u.get("input_tokens", 0),
+        output_tokens=u.get("output_tokens", 0),
+        cache_creation_input_tokens=u.get("cache_creation_input_tokens", 0),
+        cache_read_input_tokens=u.get("cache_read_input_tokens", 0),
+        reasoning_tokens=u.get("reasoning_tokens", 0),
+        model=turn.model_label,
+        active_seconds=turn.active_ms() / 1000,
+    )

@@ -1,0 +1,162 @@
+"""The tool step: the model's tool calls, routed by one table, their results
+sent back as the next message.
+
+:data:`ROUTES` is where a tool name decides who answers the call: the loop
+itself (``ask_user``, ``working_memory``), the turn's skills (``skill``), the
+memory (``memory_search``, ``memory_save``), or a tool-runner (every other
+name: the sandbox's built-ins and the Asset Directory servers' tools). Before
+any route, a call must name a tool the agent has; a route marked ``policed``
+asks the agent's permission policy first (``allow``, ``ask``: a prompt to the
+user, ``deny``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from holdfast_shared.assets import ServerTool
+from holdfast_shared.events import ToolResult
+from holdfast_shared.jobs import ToolOutcome
+from holdfast_shared.tools import ASK_USER, MEMORY_SAVE, MEMORY_SEARCH, SKILL, WORKING_MEMORY
+
+from holdfast_loop_worker.state import PendingCall
+from holdfast_loop_worker.turn import hitl
+from holdfast_loop_worker.turn.handle import TurnHandle
+
+
+class Route(StrEnum):
+    ASK_USER = "ask_user"
+    WORKING_MEMORY = "working_memory"
+    SKILL = "skill"
+    MEMORY_SEARCH = "memory_search"
+    MEMORY_SAVE = "memory_save"
+    TOOL_RUNNER = "tool_runner"
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    route: Route
+    # The agent's permission policy is asked first.
+    policed: bool
+    # The outcome (or its effect: working memory, a saved fact, a skill's
+    # sub-call usage) only a snapshot keeps, so each call is snapshotted. A
+    # tool-runner's outcome is its ``tool_results`` row (or a refusal the
+    # policy gives again), which a resumed turn reads back instead: one
+    # snapshot after the batch does.
+    snapshot_each: bool
+
+
+ROUTES: Mapping[str, Routing] = {
+    ASK_USER.name: Routing(Route.ASK_USER, policed=False, snapshot_each=True),
+    WORKING_MEMORY.name: Routing(Route.WORKING_MEMORY, policed=False, snapshot_each=True),
+    SKILL.name: Routing(Route.SKILL, policed=True, snapshot_each=True),
+    MEMORY_SEARCH.name: Routing(Route.MEMORY_SEARCH, policed=True, snapshot_each=True),
+    MEMORY_SAVE.name: Routing(Route.MEMORY_SAVE, policed=True, snapshot_each=True),
+}
+# Every other name: the sandbox's built-ins and the Asset Directory servers' tools.
+TOOL_RUNNER = Routing(Route.TOOL_RUNNER, policed=True, snapshot_each=False)
+
+
+def routing_of(name: str) -> Routing:
+    return ROUTES.get(name, TOOL_RUNNER)
+
+
+_Handler = Callable[[TurnHandle, PendingCall, ServerTool | None], Awaitable[ToolOutcome]]
+
+
+async def _ask_user(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+    return await hitl.ask_user(turn, call)
+
+
+async def _working_memory(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+    return await turn.working_memory(call.input)
+
+
+async def _skill(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+    return await turn.skill(call.input)
+
+
+async def _memory_search(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+    return await turn.memory_search(call.input)
+
+
+async def _memory_save(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+    return await turn.memory_save(call.input)
+
+
+async def _tool_runner(
+    turn: TurnHandle, call: PendingCall, server_tool: ServerTool | None
+) -> ToolOutcome:
+    return await turn.run_tool(call, server_tool)
+
+
+_HANDLERS: Mapping[Route, _Handler] = {
+    Route.ASK_USER: _ask_user,
+    Route.WORKING_MEMORY: _working_memory,
+    Route.SKILL: _skill,
+    Route.MEMORY_SEARCH: _memory_search,
+    Route.MEMORY_SAVE: _memory_save,
+    Route.TOOL_RUNNER: _tool_runner,
+}
+
+
+async def run_tools(turn: TurnHandle) -> None:
+    """Run the pending calls not run yet, then store their results as one message."""
+    state = turn.state
+    for call in state.pending:
+        if call.outcome is None:
+            outcome = await call_outcome(turn, call)
+            if call.id not in turn.seen.tool_results:
+                await turn.emit(
+                    ToolResult(tool_call_id=call.id, output=outcome.output, error=outcome.error)
+                )
+            call.outcome = outcome.model_dump()
+            if routing_of(call.name).snapshot_each:
+                await turn.snapshot("tool_result")
+    results: list[dict[str, Any]] = []
+    for call in state.pending:
+        assert call.outcome is not None
+        result: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": call.id,
+            "output": call.outcome.get("output"),
+        }
+        if call.outcome.get("error") is not None:
+            result["error"] = call.outcome["error"]
+        results.append(result)
+    message = turn.message("user", {"blocks": results})
+    state.stage = "model"
+    state.pending = []
+    await turn.snapshot("tool_results", message=message)
+
+
+async def call_outcome(turn: TurnHandle, call: PendingCall) -> ToolOutcome:
+    """What the model is told of one call: run by its route, or refused."""
+    if not turn.tools_available:
+        return ToolOutcome(error="tools are not available on this engine")
+    server_tool = turn.server_tool(call.name)
+    if server_tool is None and not turn.agent_has_tool(call.name):
+        return ToolOutcome(error=f"unknown tool {call.name!r}")
+    routing = routing_of(call.name)
+    if routing.policed:
+        refusal = await _refusal(turn, call, server_tool)
+        if refusal is not None:
+            return refusal
+    return await _HANDLERS[routing.route](turn, call, server_tool)
+
+
+async def _refusal(
+    turn: TurnHandle, call: PendingCall, server_tool: ServerTool | None
+) -> ToolOutcome | None:
+    """None when the policy (or the user it asks) allows the call."""
+    rule = turn.tool_policy(call.name, server_tool)
+    if rule == "unknown":
+        return ToolOutcome(error=f"unknown tool {call.name!r}")
+    if rule == "deny":
+        return ToolOutcome(error=f"permission denied: the policy does not allow {call.name!r}")
+    if rule == "ask":
+        return await hitl.permission(turn, call)
+    return None
