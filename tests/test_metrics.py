@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_gateway.queuegauges import QueueGauges
 from holdfast_shared.keys import Keys
 from holdfast_shared.observability import metrics
 from holdfast_shared.observability.process import metrics_ports
-from holdfast_shared.observability.queues import QueueGauges
 from holdfast_shared.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError

@@ -3,8 +3,9 @@
 ``metrics`` (every Prometheus series, defined once), ``tracing``
 (OpenTelemetry, on only with an OTLP endpoint), ``scopes`` (the one-line
 hooks where requests, turns and tool calls start), ``modelcalls`` (GenAI
-spans and model metrics), ``queues`` (stream and HITL gauges the gateway
-reads on scrape), ``process`` (a service's start-up). See docs/operations.md.
+spans and model metrics), ``process`` (a service's start-up). The stream and
+HITL gauges the gateway reads on scrape are the gateway's own
+(``holdfast_gateway.queuegauges``). See docs/operations.md.
 
 Nothing is imported here: the event log imports ``metrics`` and must not
 pull in the rest.

@@ -5,7 +5,7 @@ route, a loop-worker, tool-runner or learning process on
 ``HOLDFAST_METRICS_PORT`` (:func:`serve_metrics`). A series is therefore per
 process; Prometheus adds the ``instance`` label, and sums across them.
 What is not any one process's (the job streams, the turns waiting for an
-answer) the gateway reads on scrape (``observability/queues.py``).
+answer) the gateway reads on scrape (``holdfast_gateway/queuegauges.py``).
 
 Labels are bounded: agents, models and tools are labels, task, turn or
 tenant ids never are. Agents and models can be named by tenants and

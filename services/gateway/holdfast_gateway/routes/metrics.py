@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from holdfast_shared.observability import metrics
-from holdfast_shared.observability.queues import QueueGauges
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from holdfast_gateway.deps import StateDep
+from holdfast_gateway.queuegauges import QueueGauges
 
 router = APIRouter()
 

@@ -14,16 +14,15 @@ import logging
 import time
 from collections.abc import Callable
 
+from holdfast_shared.db.models import HitlRequestRecord
+from holdfast_shared.keys import LEARNING_GROUP, TOOLS_GROUP, TURNS_GROUP, Keys
+from holdfast_shared.observability import metrics
+from holdfast_shared.streams import group_lag
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 from sqlalchemy import distinct, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
-from holdfast_shared.db.models import HitlRequestRecord
-from holdfast_shared.keys import LEARNING_GROUP, TOOLS_GROUP, TURNS_GROUP, Keys
-from holdfast_shared.observability import metrics
-from holdfast_shared.streams import group_lag
 
 log = logging.getLogger(__name__)
 
