@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_gateway.skillupload import read_archive
 from holdfast_shared.skills import (
     MAX_FILE_BYTES,
     MAX_FILES,
@@ -27,7 +28,6 @@ from holdfast_shared.skills import (
     SkillInvalid,
     SkillTooLarge,
     builtin_skills,
-    read_archive,
 )
 
 from tests.processes import EngineProcesses

@@ -1,13 +1,13 @@
 """Skills in the Agent Skills format: built-in folders and a tenant's own.
 
 See :mod:`holdfast_shared.skills.format` for the format and its checks,
-:mod:`~holdfast_shared.skills.archive` for reading an uploaded zip safely,
+``holdfast_gateway.skillupload`` for reading an uploaded zip safely (only the
+gateway takes uploads),
 :mod:`~holdfast_shared.skills.builtin` for the skills shipped with the
 engine and :mod:`~holdfast_shared.skills.store` for a tenant's, and
 :mod:`~holdfast_shared.skills.disclosure` for what the model is told of them.
 """
 
-from holdfast_shared.skills.archive import read_archive
 from holdfast_shared.skills.builtin import builtin_skills
 from holdfast_shared.skills.disclosure import MOUNT_DIR, mount_path, skills_section, subcall_system
 from holdfast_shared.skills.format import (
@@ -62,7 +62,6 @@ __all__ = [
     "mount_path",
     "new_skill",
     "parse_skill_file",
-    "read_archive",
     "skill_body",
     "skill_from_folder",
     "skills_section",

@@ -47,7 +47,7 @@ from holdfast_shared.skills import (
 from holdfast_shared.skills.format import MAX_NAME_CHARS, MAX_PATH_CHARS, PATH_PATTERN
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from holdfast_gateway import errors
+from holdfast_gateway import errors, skillupload
 from holdfast_gateway.deps import StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.storagequota import check_storage
@@ -187,7 +187,7 @@ async def _from_zip(request: Request) -> skills.Skill:
     data = await request.body()
     try:
         # Decompressing up to a few MiB: off the event loop.
-        return await asyncio.to_thread(skills.read_archive, data)
+        return await asyncio.to_thread(skillupload.read_archive, data)
     except SkillInvalid as exc:
         raise _invalid(exc, ()) from None
     except SkillTooLarge as exc:
