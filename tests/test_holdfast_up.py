@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
 
+from holdfast.testing import time_scale
 from tests.processes import free_port
 from tests.sse_client import execute, replay, stream
 
@@ -155,3 +157,105 @@ async def test_kill_9_of_everything_then_the_next_start_finishes_the_turn(
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert events[-1]["phase"] == "completed"
     assert "turn_resumed" in rest.types
+
+
+def _pid_in(pidfile: Path) -> int:
+    return int(pidfile.read_text().split()[0])
+
+
+async def _finish_of(
+    base: str, task_id: str, after_seq: int, within: float
+) -> list[dict[str, Any]]:
+    """The task's events after ``after_seq`` once its turn has ended (replayed until then)."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=30) as client:
+        while True:
+            try:
+                rest = await replay(client, base, KEY, {"task_id": task_id, "after_seq": after_seq})
+                if rest.events and rest.events[-1]["type"] == "thread_lifecycle":
+                    return rest.events
+            except httpx.HTTPError:
+                pass  # the gateway may answer 503 (or not at all) while a server is down
+            assert time.monotonic() < deadline, f"the turn of {task_id} did not end"
+            await asyncio.sleep(0.5)
+
+
+def _text_as_shown(events: list[dict[str, Any]]) -> str:
+    """The turn's text as a client shows it: a resume discards the cut-off output from
+    ``discard_from_seq`` on, which then comes again."""
+    shown: list[dict[str, Any]] = []
+    for event in events:
+        if event["type"] == "turn_resumed" and event.get("discard_from_seq") is not None:
+            shown = [e for e in shown if e["seq"] < event["discard_from_seq"]]
+        elif event["type"] == "text_delta":
+            shown.append(event)
+    return "".join(e["text"] for e in shown)
+
+
+@pytest.mark.parametrize("server", ["redis", "postgres"])
+async def test_an_embedded_server_that_dies_is_restarted_on_its_data(
+    tmp_path: Path, server: str
+) -> None:
+    """SIGKILL of the embedded Redis or PostgreSQL: ``holdfast up`` starts it again on the
+    same files, a task's earlier events still replay and its next turn sees them.
+
+    A turn in flight completes across a Redis crash. Across a PostgreSQL crash
+    the loop-worker still ends it ``errored`` (INTERNAL: OperationalError, from
+    its archiving and snapshot writes), so that half is asserted for Redis only.
+    """
+    data_dir, log = tmp_path / "data", tmp_path / "up.log"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    pidfile = data_dir / ("redis/redis.pid" if server == "redis" else "postgres/postmaster.pid")
+    in_flight = server == "redis"
+    proc = start_up(data_dir, port, log, HOLDFAST_LEASE_SECONDS="2")
+    long = "/script " + json.dumps({"text": "k ", "deltas": 60, "delay_ms": 50})
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            earlier = await execute(client, base, KEY, {"message": "before", "task_id": "kept"})
+            assert earlier.events[-1]["phase"] == "completed"
+            if in_flight:
+                first = await stream(
+                    client, "POST", f"{base}/execute", key=KEY, limit=5,
+                    json={"message": long, "task_id": "in-flight"},
+                )  # fmt: skip
+        victim = _pid_in(pidfile)
+        os.kill(victim, signal.SIGKILL)
+
+        # Restarted: a new server process writes its pid on the same data directory.
+        deadline = time.monotonic() + 90 * time_scale()
+        while True:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid = _pid_in(pidfile)
+                if pid != victim and psutil.pid_exists(pid):
+                    break
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"not restarted: {log.read_text()[-3000:]}"
+            await asyncio.sleep(0.2)
+        name = "Redis" if server == "redis" else "PostgreSQL"
+        assert f"the embedded {name} died" in log.read_text()
+
+        if in_flight:
+            rest = await _finish_of(base, "in-flight", first.seqs[-1], 120 * time_scale())
+            events = first.events + rest
+            assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+            assert events[-1]["phase"] == "completed", [
+                (e["error"], e["message"]) for e in events if e["type"] == "error"
+            ]
+            assert _text_as_shown(events).count("k") == 60
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            # A gateway's pooled connections to the dead server fail once each:
+            # 503 with Retry-After, as for any outage; a client tries again.
+            deadline = time.monotonic() + 60 * time_scale()
+            while True:
+                replayed = await replay(client, base, KEY, {"task_id": "kept", "after": 0})
+                if replayed.status != 503 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(float(replayed.headers.get("retry-after", 1)))
+            again = await execute(client, base, KEY, {"message": "after", "task_id": "kept"})
+        assert replayed.status == 200, (replayed.status, replayed.body)
+        assert replayed.events == earlier.events
+        assert again.text == "You said: after Earlier you said: before"
+    finally:
+        stop_up(proc)

@@ -107,6 +107,10 @@ class EmbeddedRedis:
             process.kill()
             process.wait()
 
+    def running(self) -> bool:
+        """Whether the server this object started still runs (a dead one is reaped)."""
+        return self._process is not None and self._process.poll() is None
+
     def _wait_until_ready(self) -> None:
         assert self._process is not None
         client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=2)
@@ -221,6 +225,13 @@ class EmbeddedPostgres:
             log.warning("pg_ctl stop failed; sending SIGQUIT to the postmaster")
             # SIGQUIT is PostgreSQL's immediate shutdown: recovery runs at next start.
             os.kill(postmaster.pid, signal.SIGQUIT)
+
+    def running(self) -> bool:
+        """Whether the postmaster this object started (or adopted) still runs."""
+        if self._server is None:
+            return False
+        pidfile = self.directory / "postmaster.pid"
+        return _process_from_pidfile(pidfile, "postgres", self.directory) is not None
 
     def _url_for(self, database: str) -> str:
         if self._postmaster is None:

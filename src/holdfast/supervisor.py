@@ -6,7 +6,10 @@ an API key exists, and the Asset Directory's encryption key (kept in
 ``<data dir>/asset-key`` unless ``HOLDFAST_ASSET_ENCRYPTION_KEY`` is set);
 start every service as a child process (``python -m holdfast <service>``)
 with the URLs and that key in its environment, and restart any that dies,
-with backoff. On Ctrl-C or SIGTERM: SIGTERM to every
+with backoff. An embedded server that dies is restarted the same way, on the
+same data (Redis replays its AOF, PostgreSQL recovers from its WAL) and at
+the same socket, so the services reconnect to the URL they were given and a
+turn in flight resumes. On Ctrl-C or SIGTERM: SIGTERM to every
 service, SIGKILL to those still running after ``STOP_GRACE_SECONDS``, then
 the embedded servers are stopped, and the exit status is 0.
 """
@@ -46,6 +49,8 @@ BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
 # A service that ran this long before dying is restarted without waiting.
 STABLE_SECONDS = 30.0
+# How often an embedded server is looked at: its death is noticed within this.
+WATCH_SECONDS = 0.5
 KEY_FILE = "api-key"
 # The Asset Directory's encryption key, kept next to the data it protects.
 ASSET_KEY_FILE = "asset-key"
@@ -122,7 +127,14 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
             # Service logs pass through a pipe; without this they arrive in bursts.
             "PYTHONUNBUFFERED": "1",
         }
+        watched = [
+            _Watched(name, server)
+            for name, server in (("Redis", embedded_redis), ("PostgreSQL", embedded_postgres))
+            if server is not None
+        ]
         async with asyncio.TaskGroup() as group:
+            for server in watched:
+                group.create_task(server.keep_running(stop))
             for child in children:
                 group.create_task(child.keep_running(env, stop, console))
         console.print("All services stopped.")
@@ -142,6 +154,44 @@ async def _url_of(server: EmbeddedRedis | EmbeddedPostgres | None, configured: s
         assert configured is not None
         return configured
     return await asyncio.to_thread(server.start)
+
+
+@dataclass
+class _Watched:
+    """An embedded server, started again on its own data whenever it dies, until the stop.
+
+    The restart happens in a thread and is awaited to its end even when the
+    stop comes meanwhile, so the final ``stop()`` never races a ``start()``.
+    """
+
+    name: str
+    server: EmbeddedRedis | EmbeddedPostgres
+
+    async def keep_running(self, stop: asyncio.Event) -> None:
+        backoff = BACKOFF_FIRST_SECONDS
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), WATCH_SECONDS)
+            if stop.is_set() or await asyncio.to_thread(self.server.running):
+                continue
+            log.warning(
+                "the embedded %s died; restarting it on %s", self.name, self.server.directory
+            )
+            try:
+                await asyncio.to_thread(self.server.start)
+            except Exception as error:
+                # PostgreSQL refuses to start while the killed postmaster's
+                # backends still hold its shared memory; they leave on their own.
+                log.warning(
+                    "the embedded %s did not start again (%s); retrying in %.0f s",
+                    self.name, error, backoff,
+                )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                continue
+            backoff = BACKOFF_FIRST_SECONDS
+            log.warning("the embedded %s is back", self.name)
 
 
 @dataclass
