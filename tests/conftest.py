@@ -15,7 +15,7 @@ from holdfast_shared.redisconn import connect
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast.testing import create_database, delete_keys, drop_database
+from holdfast.testing import create_database, delete_keys, drop_database, time_scale
 from tests.isolation import RUN_ID, session_keys
 from tests.processes import EngineProcesses, engine_from_env
 from tests.servers import postgres_server, redis_server
@@ -137,3 +137,17 @@ async def eventlog(
     # A prefix no engine process of the session uses: their archivers would
     # otherwise archive these tests' logs between the steps the tests control.
     return EventLog(redis, sessions, Keys(f"{redis_prefix}eventlog:"), hot_ttl_seconds=10800)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test's timeout is a liveness bound too: scaled to the machine like the harness's
+    (``HOLDFAST_TEST_TIME_SCALE``, else the load per CPU; holdfast.testing.timescale)."""
+    scale = time_scale()
+    if scale == 1.0:
+        return
+    default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        given = marker.kwargs.get("timeout", *marker.args[:1]) if marker else default
+        if given:
+            item.add_marker(pytest.mark.timeout(float(given) * scale), append=False)

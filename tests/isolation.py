@@ -61,3 +61,21 @@ def own_database_url(postgres_url: str, request: pytest.FixtureRequest) -> Itera
 def own_api_keys(database_url: str) -> dict[str, str]:
     """The session's keys (``main`` and ``other``) in this module's database."""
     return session_keys(database_url)
+
+
+@pytest.fixture(name="tenant_keys")
+def fresh_tenant_keys(database_url: str) -> dict[str, str]:
+    """Two tenants of this test alone, ``main`` and ``other``, with a key each.
+
+    The session's tenants share their brains with every test of the run (a
+    chat test's "hello" is learned into ``tenant-main``'s); a test that needs
+    a tenant's memory empty, or asserts what another tenant does not find,
+    takes these. Use with the session's engine (its database)::
+
+        from tests.isolation import fresh_tenant_keys  # noqa: F401
+    """
+    tag = secrets.token_hex(4)
+    return {
+        "main": add_api_key(database_url, f"tenant-{tag}"),
+        "other": add_api_key(database_url, f"tenant-{tag}-other"),
+    }

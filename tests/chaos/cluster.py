@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from holdfast.testing import EngineEnvironment, Kind, NotReady, Process, RedisServer
+from holdfast.testing import EngineEnvironment, Kind, NotReady, Process, RedisServer, time_scale
 from tests.conftest import engine_env
 from tests.processes import engine_from_env
 
-READY_SECONDS = 40.0
+READY_SECONDS = 40.0 * time_scale()  # on an idle machine; scaled to this one
 
 # The chaos suite's names for the kinds (schedules, counters, reports).
 KINDS: dict[str, Kind] = {"gateway": "gateway", "worker": "loop-worker", "runner": "tool-runner"}

@@ -16,6 +16,7 @@ import pytest
 from holdfast_client import Client, HitlRequest
 
 from tests.client.proxy import CuttingProxy
+from tests.isolation import fresh_tenant_keys  # noqa: F401
 from tests.processes import EngineProcesses
 
 # Generous: the session engine may be started by these tests on a loaded machine.
@@ -65,11 +66,13 @@ class Terminal:
 
 
 @pytest.fixture
-def terminal(tmp_path: Path, api_keys: dict[str, str]) -> Iterator[Callable[..., Terminal]]:
+def terminal(tmp_path: Path, tenant_keys: dict[str, str]) -> Iterator[Callable[..., Terminal]]:
+    """A chat as a tenant of the test's own: what it types is learned into no brain
+    another test searches."""
     opened: list[Terminal] = []
 
     def open_chat(url: str, *args: str) -> Terminal:
-        env = {"HOLDFAST_API_KEY": api_keys["main"], "HOME": str(tmp_path), "TERM": "xterm"}
+        env = {"HOLDFAST_API_KEY": tenant_keys["main"], "HOME": str(tmp_path), "TERM": "xterm"}
         term = Terminal([sys.executable, "-m", "holdfast", "chat", "--url", url, *args], env)
         opened.append(term)
         return term
@@ -128,10 +131,10 @@ def test_chat_rides_out_dropped_connections(
 
 
 def test_chat_on_a_task_waiting_for_an_answer_asks_it(
-    engine: EngineProcesses, api_keys: dict[str, str], terminal: Callable[..., Terminal]
+    engine: EngineProcesses, tenant_keys: dict[str, str], terminal: Callable[..., Terminal]
 ) -> None:
     calls = [{"name": "bash", "input": {"command": "echo answered-later"}}]
-    with Client(engine.url, api_keys["main"]) as client:
+    with Client(engine.url, tenant_keys["main"]) as client:
         with client.stream(script(text="", tool_calls=calls)) as turn:
             asked = next(e for e in turn if isinstance(e, HitlRequest))
         # The app that asked is gone; the turn waits, parked, for an answer.

@@ -18,6 +18,7 @@ from holdfast_shared.db.models import Episode, Fact, HitlRequestRecord, Trajecto
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from tests.isolation import fresh_tenant_keys  # noqa: F401
 from tests.processes import EngineProcesses
 from tests.sse_client import execute
 from tests.taskids import engine_task_id
@@ -71,9 +72,11 @@ def turn_id(got: Any) -> str:
 
 
 async def test_a_fact_told_in_one_task_reaches_the_next_task_and_not_another_tenant(
-    engine: EngineProcesses, api_keys: dict[str, str], sessions: Sessions
+    engine: EngineProcesses, tenant_keys: dict[str, str], sessions: Sessions
 ) -> None:
-    url, key, other = engine.url, api_keys["main"], api_keys["other"]
+    # Tenants of its own: it asserts that the tenant's brain and another
+    # tenant's find nothing, whatever other tests of the run taught theirs.
+    url, key, other = engine.url, tenant_keys["main"], tenant_keys["other"]
     user = f"u-{secrets.token_hex(4)}"
     async with httpx.AsyncClient(timeout=30) as client:
         told = await execute(

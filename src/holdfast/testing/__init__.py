@@ -38,6 +38,9 @@ own; ``env`` sets the engine's ``HOLDFAST_*`` settings (the model is
   signal that ends it, :meth:`~EngineEnvironment.kill_all` at once,
   :meth:`~EngineEnvironment.restart_redis` (its own Redis: durable, so a
   crash loses nothing acknowledged);
+* **bounds that scale with the machine**: every wait for readiness is
+  multiplied by :func:`time_scale` (``HOLDFAST_TEST_TIME_SCALE``, else the
+  load per CPU), and tests multiply their own liveness bounds by it;
 * **clean-up** on close: no process left, no key under its prefix, no
   database it created, no workspace mounted under its workspace root, and its
   temporary directory removed (pass ``directory`` to keep the logs).
@@ -48,10 +51,12 @@ from holdfast.testing.environment import EngineEnvironment
 from holdfast.testing.processes import KINDS, Kind, Process, free_port
 from holdfast.testing.readiness import NotReady
 from holdfast.testing.servers import RedisServer, delete_keys
+from holdfast.testing.timescale import TIME_SCALE_ENV, scaled, time_scale
 from holdfast.testing.workspaces import unmount_workspaces
 
 __all__ = [
     "KINDS",
+    "TIME_SCALE_ENV",
     "EngineEnvironment",
     "Kind",
     "NotReady",
@@ -62,5 +67,7 @@ __all__ = [
     "delete_keys",
     "drop_database",
     "free_port",
+    "scaled",
+    "time_scale",
     "unmount_workspaces",
 ]

@@ -23,6 +23,8 @@ from typing import Self
 
 import redis
 
+from holdfast.testing.timescale import scaled
+
 NODE_TIMEOUT_MS = 1000
 READY_TIMEOUT_SECONDS = 30.0
 
@@ -136,7 +138,7 @@ class RedisClusterServers:
         )
 
     def _wait_ping(self, node: Node) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        deadline = time.monotonic() + scaled(READY_TIMEOUT_SECONDS)
         while True:
             try:
                 with node.client() as client:
@@ -147,9 +149,11 @@ class RedisClusterServers:
                     raise
                 time.sleep(0.05)
 
-    def wait_ok(self, timeout: float = READY_TIMEOUT_SECONDS) -> None:
-        """Until every live node says ``cluster_state:ok`` and all 16384 slots are served."""
-        deadline = time.monotonic() + timeout
+    def wait_ok(self, timeout: float | None = None) -> None:
+        """Until every live node says ``cluster_state:ok`` and all 16384 slots are served
+        (at most ``timeout`` seconds; default ``READY_TIMEOUT_SECONDS``, scaled)."""
+        within = scaled(READY_TIMEOUT_SECONDS) if timeout is None else timeout
+        deadline = time.monotonic() + within
         while True:
             states = []
             for node in self.nodes:

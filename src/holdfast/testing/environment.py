@@ -55,8 +55,10 @@ from holdfast.testing.processes import (
 )
 from holdfast.testing.readiness import NotReady, Readiness
 from holdfast.testing.servers import RedisServer, delete_keys
+from holdfast.testing.timescale import scaled
 from holdfast.testing.workspaces import unmount_workspaces
 
+# On an idle machine; every wait multiplies it by time_scale() (timescale.py).
 READY_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 15.0
 POLL_SECONDS = 0.05
@@ -210,7 +212,7 @@ class EngineEnvironment:
         env: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
         wait: bool = True,
-        within: float = READY_TIMEOUT_SECONDS,
+        within: float | None = None,
     ) -> Process:
         """Start one process of ``kind``; with ``wait``, return once it is ready.
 
@@ -218,8 +220,9 @@ class EngineEnvironment:
         ``python -m holdfast <kind>`` (an instrumented entry point, say); it
         must be the service itself, not a shell around it, since the rule
         finds a worker or runner by its pid. A process that exits or is not
-        ready ``within`` seconds is killed, and :class:`NotReady`
-        (with the tail of its log) is raised.
+        ready ``within`` seconds (default: ``READY_TIMEOUT_SECONDS``, scaled
+        to the machine) is killed, and :class:`NotReady` (with the tail of
+        its log) is raised.
         """
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
@@ -253,9 +256,11 @@ class EngineEnvironment:
             process.ready = True
         return process.ready and process.alive
 
-    def wait_ready(self, *processes: Process, within: float = READY_TIMEOUT_SECONDS) -> None:
+    def wait_ready(self, *processes: Process, within: float | None = None) -> None:
         """Return once every one of ``processes`` is ready; :class:`NotReady` if
-        one exits first or is not ready ``within`` seconds."""
+        one exits first or is not ready ``within`` seconds (default:
+        ``READY_TIMEOUT_SECONDS`` times :func:`~holdfast.testing.time_scale`)."""
+        within = scaled(READY_TIMEOUT_SECONDS) if within is None else within
         deadline = time.monotonic() + within
         pending = [p for p in processes if not p.ready]
         while pending:
@@ -263,8 +268,9 @@ class EngineEnvironment:
             if pending:
                 time.sleep(POLL_SECONDS)
 
-    async def until_ready(self, *processes: Process, within: float = READY_TIMEOUT_SECONDS) -> None:
+    async def until_ready(self, *processes: Process, within: float | None = None) -> None:
         """:meth:`wait_ready` for async code: the event loop keeps running meanwhile."""
+        within = scaled(READY_TIMEOUT_SECONDS) if within is None else within
         deadline = time.monotonic() + within
         pending = [p for p in processes if not p.ready]
         while pending:

@@ -21,6 +21,7 @@ from redis.cluster import RedisCluster
 
 from holdfast.testing.cluster import cluster_enabled_at
 from holdfast.testing.processes import free_port, kill_now, tail
+from holdfast.testing.timescale import scaled
 
 START_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 15.0
@@ -72,7 +73,8 @@ class RedisServer:
 
     def _until_answers(self, popen: subprocess.Popen[bytes]) -> None:
         client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        within = scaled(START_TIMEOUT_SECONDS)
+        deadline = time.monotonic() + within
         try:
             while True:
                 if popen.poll() is not None:
@@ -87,9 +89,7 @@ class RedisServer:
                     pass  # not listening yet, or still loading its file
                 if time.monotonic() > deadline:
                     kill_now(popen)
-                    raise RuntimeError(
-                        f"redis-server did not answer PING in {START_TIMEOUT_SECONDS:g} s"
-                    )
+                    raise RuntimeError(f"redis-server did not answer PING in {within:g} s")
                 time.sleep(0.05)
         finally:
             client.close()
