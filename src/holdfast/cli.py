@@ -8,6 +8,7 @@ takes a fifth of a second) is imported inside the command that needs it, so
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -69,7 +70,9 @@ def up(
 
     settings = _settings()
     _configure_logging(settings.log_level)
-    raise typer.Exit(run_up(settings, workers=workers, console=console))
+    status = run_up(settings, workers=workers, console=console)
+    _exit_quickly()
+    raise typer.Exit(status)
 
 
 @app.command(epilog=_EXTERNAL)
@@ -284,6 +287,19 @@ def _run_service(module_name: str) -> None:
             _fail(f"{module_name} is not available in this installation", code=1)
         raise
     module.main()
+    _exit_quickly()
+
+
+def _exit_quickly() -> None:
+    """Let the interpreter end without a last garbage collection of everything we imported.
+
+    At exit Python collects the whole heap while it tears down modules: with
+    the services' imports, 2 to 5 s on a loaded 2-core machine, after the
+    process has already stopped cleanly; it made Ctrl-C on `holdfast up` wait
+    for it twice over (each service, then the supervisor). Frozen objects are
+    left out of that collection; atexit handlers and flushes still run.
+    """
+    gc.freeze()
 
 
 def _configure_logging(level: str) -> None:

@@ -225,5 +225,16 @@ async def _run_arq(settings: Settings, ctx: dict[str, Any], stop: asyncio.Event)
 
 def main() -> None:
     """Run the learning worker until SIGTERM/SIGINT."""
-    setup_process(get_settings(), "learning")
+    settings = get_settings()
+    setup_process(settings, "learning")
+    quiet_arq(settings.log_level)
     asyncio.run(serve())
+
+
+def quiet_arq(level: str) -> None:
+    """arq logs two lines at INFO for every job it runs: with the sweep every 10 s,
+    a dozen lines a minute on `holdfast up`'s terminal while nothing happens. Our
+    jobs log at INFO what they did; arq keeps its warnings and job failures
+    (logged at ERROR), and everything at DEBUG."""
+    if logging.getLevelName(level.upper()) != logging.DEBUG:
+        logging.getLogger("arq").setLevel(logging.WARNING)
