@@ -100,6 +100,11 @@ async def test_restart_keeps_tasks_and_events(tmp_path: Path) -> None:
     assert replayed.events == first.events
     assert second.seqs[0] == first.seqs[-1] + 1
     assert second.text == "You said: after restart Earlier you said: before restart"
+    # Quiet at INFO while nothing happens: arq's line per cron job (the learning
+    # sweep runs at start and every 10 s) stays off the terminal.
+    output = log.read_text()
+    assert "learning centre started" in output
+    assert "learning-sweep" not in output
 
 
 def kill_everything(proc: subprocess.Popen[bytes], data_dir: Path) -> int:
