@@ -22,7 +22,8 @@ import httpcore2
 import httpx
 import httpx2
 import pytest
-from holdfast_shared.assets.oauth import AuthorizationFailed, OAuthRecord, begin
+from holdfast_gateway.oauthflow import AuthorizationFailed, begin
+from holdfast_shared.assets.oauth import OAuthRecord
 from holdfast_shared.outbound import DestinationNotAllowed, OutboundPolicy, refusal
 from holdfast_tool_runner.connectors.transports import http_transport
 

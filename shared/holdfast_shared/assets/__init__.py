@@ -6,8 +6,10 @@ their tools as the model sees them.
   secrets opened for a connection;
 * :mod:`~holdfast_shared.assets.catalogue` — ``{server}__{tool}`` names,
   schemas and default permissions;
-* :mod:`~holdfast_shared.assets.oauth` — OAuth 2.1 + PKCE split across the
-  connect and callback requests, and the refreshing bearer of a session.
+* :mod:`~holdfast_shared.assets.oauth` — what is kept of a server's OAuth 2.1
+  authorization (the gateway's ``oauthflow`` runs it across the connect and
+  callback requests; the tool-runner's ``connectors/oauthbearer`` is the
+  refreshing bearer of a session).
 
 The gateway registers servers and runs the authorization; the tool-runner
 connects (the official ``mcp`` SDK is the client) and calls; the loop-worker

@@ -44,7 +44,7 @@ from holdfast_shared.assets import (
     model_name,
     tenant_servers,
 )
-from holdfast_shared.assets.oauth import AuthorizationFailed, OAuthRecord, begin, complete
+from holdfast_shared.assets.oauth import OAuthRecord
 from holdfast_shared.assets.servers import AuthType, open_oauth, seal_credentials
 from holdfast_shared.content import Text
 from holdfast_shared.db.models import AssetServer
@@ -59,6 +59,7 @@ from sqlalchemy.dialects.postgresql import insert
 from holdfast_gateway import errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.oauthflow import AuthorizationFailed, begin, complete
 from holdfast_gateway.state import GatewayState
 
 router = APIRouter(tags=["assets"])

@@ -35,7 +35,7 @@ from holdfast_shared.assets import (
     open_server,
 )
 from holdfast_shared.assets.catalogue import listed_tool
-from holdfast_shared.assets.oauth import NeedsAuthorization, OAuthRecord, StoredOAuth
+from holdfast_shared.assets.oauth import OAuthRecord
 from holdfast_shared.assets.servers import open_oauth, seal_credentials
 from holdfast_shared.db.models import AssetServer
 from holdfast_shared.jobs import AssetProbeResult, ToolCallJob, ToolOutcome
@@ -46,6 +46,7 @@ from mcp_types import CONNECTION_CLOSED
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from holdfast_tool_runner.connectors.oauthbearer import NeedsAuthorization, StoredOAuth
 from holdfast_tool_runner.connectors.outcomes import Redactor, call_outcome
 from holdfast_tool_runner.connectors.sessions import SessionKey, Sessions
 from holdfast_tool_runner.connectors.transports import http_transport, resident_transport

@@ -9,7 +9,7 @@ each line parsed by the SDK's own message adapter. The protocol above the
 pipes — initialization, requests, notifications — is the SDK's ``Client``.
 
 An HTTP server gets an ``httpx2`` client carrying its credentials: a bearer
-token as a header, or :class:`~holdfast_shared.assets.oauth.StoredOAuth`; its
+token as a header, or :class:`~holdfast_tool_runner.connectors.oauthbearer.StoredOAuth`; its
 transport is the outbound policy's (``holdfast_shared.outbound``), so the
 server's URL, its token endpoint and any redirect are judged as they are
 dialled, and dialled at the address judged.
