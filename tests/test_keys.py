@@ -22,9 +22,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from holdfast_shared.apikeys import identify_key, list_keys, revoke_key
+from holdfast_shared.apikeys import hash_key, identify_key, list_keys, revoke_key
 from holdfast_shared.db.models import ApiKey
-from holdfast_shared.tenancy import hash_key
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 

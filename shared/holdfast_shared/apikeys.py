@@ -1,26 +1,64 @@
-"""API keys as an operator manages them: list, revoke, and when each was last used.
+"""API keys: created, stored as hashes, checked, listed and revoked.
 
-Creating keys and telling their tenant lives in :mod:`holdfast_shared.tenancy`;
-this module is what ``holdfast keys list`` / ``revoke`` and the gateway's key
-check share. Nothing here returns a key or its hash: a listing names a key by
-its id, label and the first characters it was created with.
+Keys are 256-bit random tokens stored as SHA-256 hashes, each for one tenant.
+This module is what ``holdfast keys create`` / ``list`` / ``revoke``, the
+``holdfast`` start-up's first key and the gateway's key check share. Nothing
+here returns a stored key or its hash: a listing names a key by its id, label
+and the first characters it was created with.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from holdfast_shared.db.models import ApiKey
-from holdfast_shared.tenancy import hash_key
+from holdfast_shared.db.models import ApiKey, Tenant
+
+KEY_PREFIX = "hf_"
+DEFAULT_TENANT = "default"
 
 # A key's last use is written at most this often: the column answers "is this
 # key still in use?", which a minute's precision answers as well as a write
 # per request would.
 LAST_USED_PRECISION = timedelta(seconds=60)
+
+
+def hash_key(key: str) -> str:
+    # A fast hash is right here: the keys are long random secrets, not
+    # passwords, so there is nothing for a slow KDF to protect against.
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def ensure_tenant(session: AsyncSession, tenant_id: str, name: str | None = None) -> None:
+    if await session.get(Tenant, tenant_id) is None:
+        session.add(Tenant(id=tenant_id, name=name or tenant_id))
+        await session.flush()
+
+
+async def add_key(
+    session: AsyncSession, tenant_id: str, key: str, *, name: str = "default"
+) -> None:
+    """Store ``key`` (hashed) for the tenant; adding a known key again is a no-op."""
+    await ensure_tenant(session, tenant_id)
+    digest = hash_key(key)
+    if await session.scalar(select(ApiKey.id).where(ApiKey.key_hash == digest)) is None:
+        session.add(
+            ApiKey(tenant_id=tenant_id, key_hash=digest, display_prefix=key[:10], name=name)
+        )
+        await session.flush()
+
+
+async def has_any_key(session: AsyncSession) -> bool:
+    return await session.scalar(select(ApiKey.id).limit(1)) is not None
 
 
 @dataclass(frozen=True)

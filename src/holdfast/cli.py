@@ -135,8 +135,8 @@ def migrate() -> None:
     hashed, tenant "default") lets deployments without `holdfast up`, such as
     compose.yaml, choose their key.
     """
+    from holdfast_shared.apikeys import DEFAULT_TENANT
     from holdfast_shared.db import upgrade_head
-    from holdfast_shared.tenancy import DEFAULT_TENANT
 
     settings = _settings()
     _configure_logging(settings.log_level)
@@ -162,7 +162,7 @@ def keys_create(
     Uses HOLDFAST_DATABASE_URL, or the embedded PostgreSQL of a running
     `holdfast up` in HOLDFAST_DATA_DIR.
     """
-    from holdfast_shared.tenancy import generate_key
+    from holdfast_shared.apikeys import generate_key
 
     settings = _settings()
     database_url = _database_url(settings)
@@ -244,8 +244,8 @@ async def _revoke_key(database_url: str, key_id: int) -> datetime | None:
 
 
 async def _add_key(database_url: str, tenant: str, key: str, name: str) -> None:
+    from holdfast_shared.apikeys import add_key
     from holdfast_shared.db import create_engine, session_factory
-    from holdfast_shared.tenancy import add_key
 
     engine = create_engine(database_url, pool_size=1)
     try:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from holdfast_shared.apikeys import DEFAULT_TENANT, add_key, generate_key, has_any_key
 from holdfast_shared.assets import Vault
 from holdfast_shared.db import create_engine, session_factory, upgrade_head
 from holdfast_shared.observability.process import metrics_ports
 from holdfast_shared.settings import Settings
-from holdfast_shared.tenancy import DEFAULT_TENANT, add_key, generate_key, has_any_key
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table

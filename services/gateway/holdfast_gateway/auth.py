@@ -35,8 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from holdfast_shared.apikeys import KeyIdentity, identify_key, key_is_active
-from holdfast_shared.tenancy import hash_key
+from holdfast_shared.apikeys import KeyIdentity, hash_key, identify_key, key_is_active
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 _TTL = 30.0

@@ -1,7 +1,7 @@
 """A fresh database: created on a PostgreSQL server, migrated, given API keys, dropped.
 
 Every function blocks. Migrations and key registration run the engine's own
-code (Alembic, ``holdfast_shared.tenancy``), which runs an event loop of its
+code (Alembic, ``holdfast_shared.apikeys``), which runs an event loop of its
 own: they run in a thread of their own, so callers may be anywhere, inside an
 event loop included.
 """
@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import psycopg
+from holdfast_shared.apikeys import add_key, generate_key
 from holdfast_shared.db import create_engine, session_factory, upgrade_head
-from holdfast_shared.tenancy import add_key, generate_key
 from sqlalchemy.engine import make_url
 
 T = TypeVar("T")
