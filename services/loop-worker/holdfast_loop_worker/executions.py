@@ -36,7 +36,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from holdfast_shared.db.models import ChannelStateSnapshot, Execution, Turn
 from holdfast_shared.errors import ErrorCode, TurnSignal
@@ -56,18 +56,13 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.lease import Leases
-from holdfast_loop_worker.state import Snapshots
+from holdfast_loop_worker.state import Snapshots, TurnState
 from holdfast_loop_worker.toolcalls import ToolCaller
 
 log = logging.getLogger(__name__)
 
 # Failures a retry cannot help: the execution's own time is up, or the turn's.
 _NOT_RETRIED = frozenset({ErrorCode.EXECUTION_MAX_DURATION, ErrorCode.DEADLINE_EXCEEDED})
-
-
-if TYPE_CHECKING:
-    # The handle's module names ExecutionRun: this one imports it for types alone.
-    from holdfast_loop_worker.turn.handle import TurnHandle
 
 
 # What this module uses of the worker's TurnContext (turn/handle.py).
@@ -90,6 +85,27 @@ class _Context(Protocol):
     def lock(self) -> TurnLock: ...
     @property
     def tools(self) -> ToolCaller | None: ...
+
+
+class TurnHandle(Protocol):
+    """The part of the turn's handle (``turn/handle.py``'s ``TurnHandle``) this
+    module uses: its public surface only. Named here, not imported, because the
+    handle's module imports this one."""
+
+    @property
+    def job(self) -> TurnJob: ...
+    @property
+    def state(self) -> TurnState: ...
+    @property
+    def execution(self) -> ExecutionRun | None: ...
+    @property
+    def task_name(self) -> str: ...
+    async def snapshot(self, reason: str, *, advance: bool = True) -> None: ...
+    async def keep_task_while_parked(self) -> None: ...
+    async def cancel_requested(self) -> bool: ...
+    def active_ms(self) -> int: ...
+    async def requeue(self, job: TurnJob) -> None: ...
+    def interrupt_for_pause(self) -> None: ...
 
 
 class _RunsTurn(Protocol):

@@ -44,7 +44,7 @@ from holdfast_loop_worker.steering import Steer, pending_steers, start_following
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller
 from holdfast_loop_worker.trajectory import TurnEnding, announce, trajectory_insert
-from holdfast_loop_worker.turn import rows
+from holdfast_loop_worker.turn.rows import end_statements
 
 
 @dataclass
@@ -366,7 +366,7 @@ class LiveTurn:
         # BEGIN and COMMIT; the trajectory's reads before it, on the same connection.
         async with ctx.reads() as session:
             trajectory = await trajectory_insert(session, ending)
-            end = rows.end_statements(
+            end = end_statements(
                 task_id=job.task_id,
                 turn_id=job.turn_id,
                 status=ending.status,

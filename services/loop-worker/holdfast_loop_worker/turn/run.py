@@ -23,9 +23,15 @@ from holdfast_shared.providers import ProviderError, UnknownModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+# Modules, not their functions: the bench times the steps by wrapping them there.
+import holdfast_loop_worker.turn.ending as ending
+import holdfast_loop_worker.turn.model_step as model_step
+import holdfast_loop_worker.turn.parking as parking
+import holdfast_loop_worker.turn.resume as resume
+import holdfast_loop_worker.turn.start as start
+import holdfast_loop_worker.turn.tool_step as tool_step
 from holdfast_loop_worker import executions
 from holdfast_loop_worker.stopping import TurnStop
-from holdfast_loop_worker.turn import ending, model_step, parking, resume, start, tool_step
 from holdfast_loop_worker.turn.ending import Cancel, Fail, HandBack, Outcome, Park, Pause, Reraise
 from holdfast_loop_worker.turn.handle import LiveTurn, TurnContext, TurnHandle
 
@@ -33,21 +39,18 @@ log = logging.getLogger(__name__)
 
 
 def _deadline(_: TimeoutError, turn: TurnHandle, deadline_seconds: float) -> Outcome:
-    if turn.execution is not None and turn.execution.budget_is_execution:
-        message = turn.execution.deadline_message()
-        return Fail(ErrorCode.EXECUTION_MAX_DURATION, message, close_blocks=True)
+    if (run := turn.execution) is not None and run.budget_is_execution:
+        return Fail(ErrorCode.EXECUTION_MAX_DURATION, run.deadline_message(), close_blocks=True)
     message = f"the turn ran past HOLDFAST_TURN_DEADLINE_SECONDS ({deadline_seconds:g})"
     return Fail(ErrorCode.DEADLINE_EXCEEDED, message, close_blocks=True)
 
 
+_STOPS: dict[str, Outcome] = {"cancel": Cancel(), "handoff": HandBack(), "pause": Pause(True)}
+
+
 def _stopped(_: asyncio.CancelledError, turn: TurnHandle, __: float) -> Outcome:
-    # Which stop cancelled the run (stopping.py); none: a cancel from outside wins.
-    reason = turn.stop.consume()
-    if reason == "cancel":
-        return Cancel()
-    if reason == "handoff":
-        return HandBack()
-    return Pause(cut=True) if reason == "pause" else Reraise()
+    # Which stop cancelled the run (stopping.py); None: a cancel from outside wins.
+    return _STOPS.get(turn.stop.consume() or "", Reraise())
 
 
 def _redis_gone(exc: Exception, turn: TurnHandle, _: float) -> Outcome:
@@ -100,8 +103,7 @@ class TurnRunner:
     """Runs (or continues) one turn until it ends, parks or is handed back."""
 
     def __init__(self, ctx: TurnContext, job: TurnJob, *, resume_reason: str | None) -> None:
-        self.ctx = ctx
-        self.job = job
+        self.ctx, self.job = ctx, job
         self.resume_reason = resume_reason
         self.handle = LiveTurn(ctx, job)
 
@@ -111,10 +113,9 @@ class TurnRunner:
         return self.handle.stop
 
     async def run(self) -> str:
-        """Returns ``completed``, ``errored``, ``cancelled``, ``parked``, ``paused``,
-        ``handed_back``, ``skipped`` (it is over), ``busy`` (another worker
-        holds it) or ``superseded`` (another worker took it over while this
-        one stalled)."""
+        """``completed``, ``errored``, ``cancelled``, ``parked``, ``paused``, ``handed_back``,
+        ``skipped`` (it is over), ``busy`` (another worker holds it) or
+        ``superseded`` (another worker took it over while this one stalled)."""
         row = await start.load_turn(self.handle)
         if row is None:
             return "skipped"

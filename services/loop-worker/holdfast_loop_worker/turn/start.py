@@ -16,15 +16,15 @@ from holdfast_shared.providers import ModelChoice
 
 from holdfast_loop_worker import executions
 from holdfast_loop_worker.skills import TurnSkills
-from holdfast_loop_worker.turn import rows
 from holdfast_loop_worker.turn.handle import LiveTurn
+from holdfast_loop_worker.turn.rows import turn_to_run
 
 
 async def load_turn(turn: LiveTurn) -> Turn | None:
     """The turn's row as it was before this worker claimed it; None when it is over
     (or its task was deleted)."""
     async with turn.ctx.reads() as session:
-        found = await rows.turn_to_run(session, turn.job.turn_id)
+        found = await turn_to_run(session, turn.job.turn_id)
     if found is None:
         return None  # its task was deleted
     row = found[0]

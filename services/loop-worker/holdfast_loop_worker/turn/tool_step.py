@@ -23,8 +23,8 @@ from holdfast_shared.jobs import ToolOutcome
 from holdfast_shared.tools import ASK_USER, MEMORY_SAVE, MEMORY_SEARCH, SKILL, WORKING_MEMORY
 
 from holdfast_loop_worker.state import PendingCall
-from holdfast_loop_worker.turn import hitl
 from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.hitl import ask_user, permission
 
 
 class Route(StrEnum):
@@ -68,7 +68,7 @@ _Handler = Callable[[TurnHandle, PendingCall, ServerTool | None], Awaitable[Tool
 
 
 async def _ask_user(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
-    return await hitl.ask_user(turn, call)
+    return await ask_user(turn, call)
 
 
 async def _working_memory(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
@@ -158,5 +158,5 @@ async def _refusal(
     if rule == "deny":
         return ToolOutcome(error=f"permission denied: the policy does not allow {call.name!r}")
     if rule == "ask":
-        return await hitl.permission(turn, call)
+        return await permission(turn, call)
     return None
