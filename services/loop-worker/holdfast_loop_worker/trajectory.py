@@ -10,6 +10,7 @@ announces it itself.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,7 @@ from holdfast_shared.jobs import TrajectoryReady
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.dml import Insert
@@ -67,6 +68,55 @@ async def trajectory_insert(session: AsyncSession, ending: TurnEnding) -> Insert
     ``cancelled`` here.
     """
     turn_id = ending.turn_id
+    messages, calls, questions = await _read(session, ending)
+    finished = datetime.now(UTC)
+    started = ending.started_at or finished
+    record = {
+        "version": VERSION,
+        "task": {"id": ending.task_id, "name": ending.task_name},
+        "turn_id": turn_id,
+        "agent": ending.agent,
+        "model": ending.model,
+        "messages": [
+            {"position": m.position, "role": m.role, "content": m.content, "at": _iso(m.created_at)}
+            for m in messages
+        ],
+        "tool_calls": [_tool_call(c) for c in calls],
+        "hitl": [_question(q) for q in questions],
+        "usage": ending.usage,
+        "timings": {
+            "started_at": _iso(started),
+            "finished_at": _iso(finished),
+            "active_ms": ending.active_ms,
+            "wall_ms": int((finished - started).total_seconds() * 1000),
+        },
+        "outcome": {
+            "status": ending.status,
+            "stop_reason": ending.stop_reason,
+            "error": ending.error,
+        },
+    }
+    return (
+        insert(TrajectoryRecord)
+        .values(
+            id=turn_id,
+            tenant_id=ending.tenant_id,
+            user_id=ending.user_id,
+            task_id=ending.task_id,
+            outcome=ending.status,
+            record=record,
+            started_at=started,
+            finished_at=finished,
+        )
+        .on_conflict_do_nothing(index_elements=[TrajectoryRecord.id])
+    )
+
+
+async def _read(
+    session: AsyncSession, ending: TurnEnding
+) -> tuple[Sequence[Row[Any]], Sequence[ToolResultRecord], Sequence[HitlRequestRecord]]:
+    """The turn's messages, tool calls and questions, in order."""
+    turn_id = ending.turn_id
     messages = (
         await session.execute(
             select(Message.position, Message.role, Message.content, Message.created_at)
@@ -97,70 +147,33 @@ async def trajectory_insert(session: AsyncSession, ending: TurnEnding) -> Insert
         .scalars()
         .all()
     )
-    finished = datetime.now(UTC)
-    started = ending.started_at or finished
-    record = {
-        "version": VERSION,
-        "task": {"id": ending.task_id, "name": ending.task_name},
-        "turn_id": turn_id,
-        "agent": ending.agent,
-        "model": ending.model,
-        "messages": [
-            {"position": m.position, "role": m.role, "content": m.content, "at": _iso(m.created_at)}
-            for m in messages
-        ],
-        "tool_calls": [
-            {
-                "id": c.tool_call_id,
-                "tool": c.tool,
-                "input": c.input,
-                "output": c.output,
-                "error": c.error,
-                "started_at": _iso(c.started_at),
-                "finished_at": _iso(c.finished_at),
-            }
-            for c in calls
-        ],
-        "hitl": [
-            {
-                "request_id": q.request_id,
-                "kind": q.kind,
-                "question": q.question,
-                "status": "cancelled" if q.status == "pending" else q.status,
-                "answer": q.answer,
-                "feedback": q.feedback,
-                "asked_at": _iso(q.created_at),
-                "answered_at": _iso(q.answered_at),
-            }
-            for q in questions
-        ],
-        "usage": ending.usage,
-        "timings": {
-            "started_at": _iso(started),
-            "finished_at": _iso(finished),
-            "active_ms": ending.active_ms,
-            "wall_ms": int((finished - started).total_seconds() * 1000),
-        },
-        "outcome": {
-            "status": ending.status,
-            "stop_reason": ending.stop_reason,
-            "error": ending.error,
-        },
+    return messages, calls, questions
+
+
+def _tool_call(c: ToolResultRecord) -> dict[str, Any]:
+    return {
+        "id": c.tool_call_id,
+        "tool": c.tool,
+        "input": c.input,
+        "output": c.output,
+        "error": c.error,
+        "started_at": _iso(c.started_at),
+        "finished_at": _iso(c.finished_at),
     }
-    return (
-        insert(TrajectoryRecord)
-        .values(
-            id=turn_id,
-            tenant_id=ending.tenant_id,
-            user_id=ending.user_id,
-            task_id=ending.task_id,
-            outcome=ending.status,
-            record=record,
-            started_at=started,
-            finished_at=finished,
-        )
-        .on_conflict_do_nothing(index_elements=[TrajectoryRecord.id])
-    )
+
+
+def _question(q: HitlRequestRecord) -> dict[str, Any]:
+    # Still pending: the statement that stores the trajectory closes it (turn/rows.py).
+    return {
+        "request_id": q.request_id,
+        "kind": q.kind,
+        "question": q.question,
+        "status": "cancelled" if q.status == "pending" else q.status,
+        "answer": q.answer,
+        "feedback": q.feedback,
+        "asked_at": _iso(q.created_at),
+        "answered_at": _iso(q.answered_at),
+    }
 
 
 async def announce(redis: Redis, keys: Keys, tenant_id: str, turn_id: str) -> None:

@@ -177,26 +177,8 @@ class ContextEngine:
     ) -> Assembled:
         """The request for the turn's next model call, compacted first when it
         would pass the threshold (or, ``harder``, in any case and further)."""
-        async with self.reads() as session:
-            history = await load_history(
-                session, scope.task_id, cutoff=(scope.turn_id, scope.position)
-            )
-            summary = await Summaries.latest(session, scope.task_id)
-        # Memories are looked up by the message that opened the turn.
-        opener = turn_opener(history, scope.turn_id)
-        query = opener.text if opener is not None else ""
-        # Retrieval first: it reads the soul too, and keeps both for the turn.
-        retrieved = await self.memory.retrieve(scope.brain, scope.turn_id, query)
-        soul = await self.memory.soul(scope.brain, scope.turn_id)
-        sections = Sections(
-            system_prompt=system_prompt,
-            soul=soul,
-            history=history,
-            summary=summary,
-            working_memory=state.working_memory,
-            retrieved=retrieved,
-            tools=tools,
-        )
+        sections = await self._sections(scope, state, system_prompt, tools)
+        summary = sections.summary
         assembled = self._assemble(sections, choice, scope)
         window = self.window(choice.model)
         limit = window * self.settings.threshold
@@ -226,6 +208,46 @@ class ContextEngine:
             # Made before this worker took the turn over: one summary per range.
             return self._assemble(replace(sections, summary=found), choice, scope)
         made = await self._summarize(state, choice, cut, summary, window, summary_budget)
+        return await self._store_compacted(scope, state, choice, sections, cut, made, before, emit)
+
+    async def _sections(
+        self, scope: TurnScope, state: TurnState, system_prompt: str, tools: Sequence[ToolSpec]
+    ) -> Sections:
+        """What the request is made of, read for this call."""
+        async with self.reads() as session:
+            history = await load_history(
+                session, scope.task_id, cutoff=(scope.turn_id, scope.position)
+            )
+            summary = await Summaries.latest(session, scope.task_id)
+        # Memories are looked up by the message that opened the turn.
+        opener = turn_opener(history, scope.turn_id)
+        query = opener.text if opener is not None else ""
+        # Retrieval first: it reads the soul too, and keeps both for the turn.
+        retrieved = await self.memory.retrieve(scope.brain, scope.turn_id, query)
+        soul = await self.memory.soul(scope.brain, scope.turn_id)
+        return Sections(
+            system_prompt=system_prompt,
+            soul=soul,
+            history=history,
+            summary=summary,
+            working_memory=state.working_memory,
+            retrieved=retrieved,
+            tools=tools,
+        )
+
+    async def _store_compacted(
+        self,
+        scope: TurnScope,
+        state: TurnState,
+        choice: ModelChoice,
+        sections: Sections,
+        cut: compaction.Plan,
+        made: Summary,
+        before: int,
+        emit: Emit,
+    ) -> Assembled:
+        """The request with the new summary, stored (unless another worker's got
+        there first: then with that one); a ``compaction`` event says so."""
         compacted = self._assemble(replace(sections, summary=made), choice, scope)
         after = tokens.calibrated(compacted.tokens, state.calibration)
         summary_tokens = tokens.calibrated(tokens.text_tokens(made.text), state.calibration)
