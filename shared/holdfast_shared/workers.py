@@ -5,7 +5,7 @@ serves as JSON) while it lives, and deletes it when it stops cleanly; a
 killed worker's key lapses within its TTL (``HOLDFAST_LIVENESS_SECONDS`` in a
 worker, refreshed by a heartbeat thread), and the others take its turns over
 (``orphans``). The same step
-advertises its providers (``availability``) first, so a worker whose key
+advertises its providers (``liveness``) first, so a worker whose key
 exists is one the gateway already routes turns to. Readers: whoever must know
 that a given worker is up, such as ``holdfast.testing``'s readiness rule.
 """
@@ -17,8 +17,8 @@ from collections.abc import Collection
 
 from redis.asyncio import Redis
 
-from holdfast_shared.availability import advertise
 from holdfast_shared.keys import Keys
+from holdfast_shared.liveness import advertise
 
 ALIVE_TTL_SECONDS = 6
 

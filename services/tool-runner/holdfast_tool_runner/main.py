@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 
-from holdfast_shared import runners, runtime
+from holdfast_shared import liveness, runtime
 from holdfast_shared.assets import Vault, VaultError, vault_from_settings
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
@@ -115,7 +115,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     )
 
     async def announce() -> None:
-        await runners.announce(
+        await liveness.announce_runner(
             redis, keys, runner_id, found.as_dict(), ttl_seconds=settings.liveness_seconds
         )
 
@@ -127,7 +127,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ttl_seconds=settings.liveness_seconds,
         ),
         announce,
-        lambda: runners.withdraw(redis, keys, runner_id),
+        lambda: liveness.withdraw_runner(redis, keys, runner_id),
         liveness_seconds=settings.liveness_seconds,
         what="refreshing the liveness key",
     )

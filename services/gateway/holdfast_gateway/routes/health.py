@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from holdfast_shared.liveness import live_runners
 from holdfast_shared.memory import vectors
-from holdfast_shared.runners import live_runners
 from pydantic import BaseModel
 from sqlalchemy import text
 
