@@ -39,6 +39,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from holdfast.defaultmodel import default_model
 from holdfast.embedded import EmbeddedPostgres, EmbeddedRedis
 from holdfast.supervision import SUPERVISOR_PID_ENV
 
@@ -378,6 +379,7 @@ def _banner(
     grid.add_row("gateway", f"http://{settings.host}:{settings.port}")
     grid.add_row("console", f"http://{settings.host}:{settings.port}/console")
     grid.add_row("API key", key_where)
+    grid.add_row("model", default_model(settings.model, os.environ).describe())
     grid.add_row("Redis", f"{redis[0]}  {_hide_password(redis[1])}")
     grid.add_row("PostgreSQL", f"{postgres[0]}  {_hide_password(postgres[1])}")
     grid.add_row("data", str(data_dir))
