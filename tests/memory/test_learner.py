@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from holdfast_learning.archive import (
+from holdfast_learning.extract import Extracted, Extractor, parse, render
+from holdfast_learning.learner import Learner
+from holdfast_learning.missed_sweep import due_trajectories, sweep
+from holdfast_learning.trajectory_retention import (
     archive_trajectories,
     day_file,
     delete_old_archives,
     read_day,
 )
-from holdfast_learning.extract import Extracted, Extractor, parse, render
-from holdfast_learning.learner import Learner
-from holdfast_learning.sweep import due_trajectories, sweep
 from holdfast_shared.db.models import Episode, Fact, SoulVersion, TrajectoryRecord
 from holdfast_shared.keys import Keys
 from holdfast_shared.providers import ProviderRegistry

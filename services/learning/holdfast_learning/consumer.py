@@ -10,7 +10,7 @@ loses nothing; learning is idempotent by trajectory id, so nothing is
 learned twice either.
 
 The stream only announces: the trajectory is in PostgreSQL, and the sweep
-(``sweep.py``) learns any whose announcement was lost — Redis losing the
+(``missed_sweep.py``) learns any whose announcement was lost — Redis losing the
 stream and its group too: the group is created again (``holdfast_shared.consuming``
 reads, takes over and acknowledges; the batching is this module's).
 """

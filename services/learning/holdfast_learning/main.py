@@ -6,8 +6,8 @@ trajectories, ``consumer.py``) in batches, and its own cron schedule.
 Produces: long-term memory. Each trajectory becomes an episode, facts, the
 social graph's entities and relations and a revised soul (``learner.py``,
 extraction by ``HOLDFAST_LEARNING_MODEL`` in ``extract.py``). Cron jobs:
-the sweep (every 10 s: retries due and announcements lost, ``sweep.py``),
-trajectory retention (hourly: archive then delete, ``archive.py``) and
+the sweep (every 10 s: retries due and announcements lost, ``missed_sweep.py``),
+trajectory retention (hourly: archive then delete, ``trajectory_retention.py``) and
 snapshot retention (every minute: expired ``channel_state_snapshots``).
 
 Guarantees: every trajectory is learned once — at least once through the
@@ -48,13 +48,13 @@ from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from redis.exceptions import RedisError
 
-from holdfast_learning.archive import archive_trajectories, delete_old_archives
 from holdfast_learning.arqredis import arq_pool
 from holdfast_learning.consumer import BatchSettings, TrajectoryConsumer
 from holdfast_learning.extract import Extractor
 from holdfast_learning.learner import Learner
+from holdfast_learning.missed_sweep import sweep
 from holdfast_learning.retention import delete_expired_snapshots
-from holdfast_learning.sweep import sweep
+from holdfast_learning.trajectory_retention import archive_trajectories, delete_old_archives
 
 log = logging.getLogger("holdfast.learning")
 
