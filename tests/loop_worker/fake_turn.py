@@ -1,5 +1,6 @@
-"""An in-memory :class:`~holdfast_loop_worker.turn.handle.TurnHandle` for unit
-tests of the turn's steps: no Redis, no PostgreSQL, no mock of either.
+"""An in-memory :class:`~holdfast_loop_worker.turn.handle.TurnHandle` (with every
+step's protocol) for unit tests of the turn's steps: no Redis, no PostgreSQL,
+no mock of either.
 
 It records what a step did through the handle (events, snapshots, stored
 messages, collaborator calls, requeued jobs), and answers the way a test
@@ -20,7 +21,14 @@ from holdfast_loop_worker.state import PendingCall, TurnState
 from holdfast_loop_worker.steering import Steer
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.trajectory import TurnEnding
-from holdfast_loop_worker.turn.handle import Seen, TurnHandle
+from holdfast_loop_worker.turn.handle import (
+    EndingTurn,
+    ModelTurn,
+    ParkingTurn,
+    ResumingTurn,
+    Seen,
+    ToolTurn,
+)
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import Message
 from holdfast_shared.eventlog import LoggedEvent
@@ -214,6 +222,8 @@ class FakeTurn:
         return ToolOutcome(output={"skill": tool_input.get("name")})
 
 
-def _implements(turn: FakeTurn) -> TurnHandle:
-    """mypy checks here that the fake keeps up with the protocol."""
-    return turn
+def _implements(
+    turn: FakeTurn,
+) -> tuple[ToolTurn, ModelTurn, ParkingTurn, ResumingTurn, EndingTurn]:
+    """mypy checks here that the fake keeps up with every step's protocol."""
+    return turn, turn, turn, turn, turn

@@ -10,7 +10,7 @@ import pytest
 from holdfast_loop_worker.executions import ExecutionRun, PauseRequested
 from holdfast_loop_worker.stopping import StopReason
 from holdfast_loop_worker.turn import ending
-from holdfast_loop_worker.turn.run import (
+from holdfast_loop_worker.turn.ending import (
     Cancel,
     Fail,
     HandBack,
@@ -18,8 +18,8 @@ from holdfast_loop_worker.turn.run import (
     Park,
     Pause,
     Reraise,
-    outcome_of,
 )
+from holdfast_loop_worker.turn.run import outcome_of
 from holdfast_shared.agents import AgentNotFound
 from holdfast_shared.errors import ErrorCode, Parked, StepInterrupted, Superseded
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, Usage

@@ -16,7 +16,7 @@ from holdfast_shared.errors import ErrorCode, HoldfastError
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, Usage
 from holdfast_shared.observability import metrics
 
-from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.handle import EndingTurn, TurnHandle
 
 # How a run that stopped ends (the conductor's table, run.py, picks one).
 
@@ -65,41 +65,41 @@ class Reraise:
 Outcome = Fail | Cancel | Park | Pause | HandBack | Reraise
 
 
-async def completed(turn: TurnHandle, stop_reason: str) -> str:
+async def completed(turn: EndingTurn, stop_reason: str) -> str:
     last = ThreadLifecycle(phase="completed", stop_reason=stop_reason)
     await end(turn, "completed", stop_reason, [*final_usage(turn), last])
     return "completed"
 
 
-async def cancelled(turn: TurnHandle) -> str:
+async def cancelled(turn: EndingTurn) -> str:
     last = ThreadLifecycle(phase="completed", stop_reason="cancelled")
     await end(turn, "cancelled", "cancelled", [*final_usage(turn), last])
     return "cancelled"
 
 
 async def failed(
-    turn: TurnHandle, code: str, message: str, details: dict[str, Any] | None = None
+    turn: EndingTurn, code: str, message: str, details: dict[str, Any] | None = None
 ) -> str:
     error = ErrorEvent(error=code, message=message, details=details)
     await end(turn, "errored", None, [*final_usage(turn), error, ThreadLifecycle(phase="errored")])
     return "errored"
 
 
-async def state_expired(turn: TurnHandle) -> str:
+async def state_expired(turn: EndingTurn) -> str:
     """Its channel state outlived its TTL: the turn cannot go on, and a client
     replaying it learns so from the error."""
     message = "the turn's saved state expired before it could continue; send the message again"
     return await failed(turn, ErrorCode.CHANNEL_STATE_EXPIRED, message)
 
 
-async def already_ended(turn: TurnHandle) -> str:
+async def already_ended(turn: EndingTurn) -> str:
     """A turn resumed after its terminal event was logged: only its end is recorded."""
     status = turn.seen.terminal_status
     await end(turn, status, turn.seen.terminal_stop_reason, [])
     return status
 
 
-async def end(turn: TurnHandle, status: str, stop_reason: str | None, last: list[Any]) -> None:
+async def end(turn: EndingTurn, status: str, stop_reason: str | None, last: list[Any]) -> None:
     """Log the terminal events and free the task (one atomic step), then record it.
 
     A turn resumed after its terminal event was logged (the worker died

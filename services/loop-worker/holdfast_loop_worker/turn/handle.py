@@ -88,24 +88,17 @@ class Seen:
 
 
 class TurnHandle(Protocol):
-    """A running turn, as its steps see it."""
+    """A running turn, as its steps see it: what every step may use. A step that
+    needs more says so with one of the protocols below, each this one plus the
+    few collaborators of that step."""
 
     job: TurnJob
     state: TurnState
     seen: Seen
     stop: TurnStop
     execution: executions.ExecutionRun | None
-    # The blocks of the model call under way or cut off, if any (a cancel or a
-    # deadline closes them); None once a call completed.
-    stream: StreamBlocks | None
-    # Inside a model call's stream (model_step.py), where a pause cuts it off.
-    streaming: bool
-    # A pause published while no model call streamed: the next call is cut as it starts.
-    pause_pending: bool
     # The usage totals last sent as an event by this worker.
     reported_usage: dict[str, int] | None
-    # A resumed turn may have run some of its calls already (their outcomes are stored).
-    resuming: bool
 
     @property
     def task_name(self) -> str: ...
@@ -129,27 +122,28 @@ class TurnHandle(Protocol):
     def active_ms(self) -> int: ...
     async def requeue(self, job: TurnJob) -> None: ...
     def interrupt_for_pause(self) -> None: ...
-    def events_after(self, seq: int) -> AsyncIterator[list[LoggedEvent]]: ...
-    async def keep_task_while_parked(self) -> None: ...
-    async def release_lease(self, *, status: str | None = None) -> None: ...
 
-    # The turn's end (ending.py).
-    def ending(
-        self, status: str, stop_reason: str | None, error: dict[str, Any] | None
-    ) -> TurnEnding: ...
-    async def finish_events(self, last: list[Any]) -> None: ...
-    async def release_task(self) -> None: ...
-    async def record_end(self, ending: TurnEnding) -> None: ...
-    async def end_execution(self, status: str, last: list[Any]) -> None: ...
-    async def start_following(self) -> None: ...
 
-    # The model step's collaborators (model_step.py).
+class ModelTurn(TurnHandle, Protocol):
+    """The model step's (model_step.py)."""
+
+    # The blocks of the model call under way or cut off, if any (a cancel or a
+    # deadline closes them); None once a call completed.
+    stream: StreamBlocks | None
+    # Inside a model call's stream, where a pause cuts it off.
+    streaming: bool
+    # A pause published while no model call streamed: the next call is cut as it starts.
+    pause_pending: bool
+
     @property
     def retry_attempts(self) -> int: ...
     async def prepare(self, choice: ModelChoice, *, harder: bool = False) -> Assembled: ...
     async def pending_steers(self) -> list[Steer]: ...
 
-    # The user (hitl.py).
+
+class AskingTurn(TurnHandle, Protocol):
+    """Questions to the user (hitl.py)."""
+
     async def open_question(
         self,
         kind: Literal["permission", "question"],
@@ -158,7 +152,10 @@ class TurnHandle(Protocol):
     ) -> Question: ...
     async def read_question(self, request_id: str) -> tuple[Question, Answer]: ...
 
-    # The tool step's collaborators (tool_step.py).
+
+class ToolTurn(AskingTurn, Protocol):
+    """The tool step's (tool_step.py): one method per route of its table."""
+
     @property
     def tools_available(self) -> bool: ...
     def agent_has_tool(self, name: str) -> bool: ...
@@ -171,8 +168,35 @@ class TurnHandle(Protocol):
     async def skill(self, tool_input: dict[str, Any]) -> ToolOutcome: ...
 
 
+class ParkingTurn(AskingTurn, Protocol):
+    """Letting go of the turn without ending it (parking.py)."""
+
+    async def keep_task_while_parked(self) -> None: ...
+    async def release_lease(self, *, status: str | None = None) -> None: ...
+
+
+class ResumingTurn(TurnHandle, Protocol):
+    """Reading what the turn logged after its last snapshot (resume.py)."""
+
+    def events_after(self, seq: int) -> AsyncIterator[list[LoggedEvent]]: ...
+
+
+class EndingTurn(TurnHandle, Protocol):
+    """The turn's end (ending.py)."""
+
+    def ending(
+        self, status: str, stop_reason: str | None, error: dict[str, Any] | None
+    ) -> TurnEnding: ...
+    async def finish_events(self, last: list[Any]) -> None: ...
+    async def release_task(self) -> None: ...
+    async def record_end(self, ending: TurnEnding) -> None: ...
+    async def end_execution(self, status: str, last: list[Any]) -> None: ...
+    async def start_following(self) -> None: ...
+
+
 class LiveTurn:
-    """The engine's :class:`TurnHandle`: one turn on this worker, over ``ctx``."""
+    """The engine's :class:`TurnHandle` (and every step's protocol above): one
+    turn on this worker, over ``ctx``."""
 
     def __init__(self, ctx: TurnContext, job: TurnJob) -> None:
         self.ctx = ctx

@@ -13,10 +13,10 @@ from holdfast_shared.jobs import ToolOutcome
 from holdfast_loop_worker.hitl import Answer
 from holdfast_loop_worker.state import PendingCall
 from holdfast_loop_worker.toolcalls import preview
-from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.handle import AskingTurn
 
 
-async def permission(turn: TurnHandle, call: PendingCall) -> ToolOutcome | None:
+async def permission(turn: AskingTurn, call: PendingCall) -> ToolOutcome | None:
     """None when the user allowed the call; else the outcome the model sees."""
     answer = await ask(
         turn,
@@ -33,7 +33,7 @@ async def permission(turn: TurnHandle, call: PendingCall) -> ToolOutcome | None:
     return None
 
 
-async def ask_user(turn: TurnHandle, call: PendingCall) -> ToolOutcome:
+async def ask_user(turn: AskingTurn, call: PendingCall) -> ToolOutcome:
     """The model's own question (the ``ask_user`` tool): the answer is the result."""
     question = call.input.get("question")
     if not isinstance(question, str) or not question.strip():
@@ -50,7 +50,7 @@ async def ask_user(turn: TurnHandle, call: PendingCall) -> ToolOutcome:
 
 
 async def ask(
-    turn: TurnHandle,
+    turn: AskingTurn,
     call: PendingCall,
     kind: Literal["permission", "question"],
     text: str,

@@ -24,12 +24,12 @@ from holdfast_loop_worker.context.tokens import recalibrate
 from holdfast_loop_worker.state import PendingCall
 from holdfast_loop_worker.steering import taken_in
 from holdfast_loop_worker.turn.ending import usage_so_far
-from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.handle import ModelTurn, TurnHandle
 
 log = logging.getLogger(__name__)
 
 
-async def model_step(turn: TurnHandle, choice: ModelChoice) -> None:
+async def model_step(turn: ModelTurn, choice: ModelChoice) -> None:
     """One model call and its snapshot: the turn's next stage is its tools or its end."""
     state = turn.state
     prepared = await turn.prepare(choice)
@@ -65,7 +65,7 @@ async def model_step(turn: TurnHandle, choice: ModelChoice) -> None:
 
 
 async def _call(
-    turn: TurnHandle, choice: ModelChoice, prepared: Assembled
+    turn: ModelTurn, choice: ModelChoice, prepared: Assembled
 ) -> tuple[list[Block], str]:
     """One model call; its reported prompt size calibrates the next estimates."""
     stream = observed_model_call(
@@ -87,7 +87,7 @@ async def _call(
 
 
 async def _stream(
-    turn: TurnHandle, stream: AsyncIterator[ModelEvent]
+    turn: ModelTurn, stream: AsyncIterator[ModelEvent]
 ) -> tuple[list[Block], str, int]:
     """The call's blocks, stop reason and prompt size, each event shown as it comes."""
     # Kept on the handle while it streams: a cancel or deadline closes what it left open.
@@ -127,7 +127,7 @@ def partial_content(turn: TurnHandle, blocks: StreamBlocks) -> dict[str, Any]:
     return {"blocks": blocks.contents(), "interrupted": True, "provider": turn.provider_name}
 
 
-async def close_open_blocks(turn: TurnHandle) -> StreamBlocks | None:
+async def close_open_blocks(turn: ModelTurn) -> StreamBlocks | None:
     """Close what a cut-off model call left open, so the client's view is whole;
     the call's blocks, if one was cut off."""
     cut, turn.stream = turn.stream, None
@@ -137,7 +137,7 @@ async def close_open_blocks(turn: TurnHandle) -> StreamBlocks | None:
     return cut
 
 
-async def keep_cut_off(turn: TurnHandle) -> None:
+async def keep_cut_off(turn: ModelTurn) -> None:
     """A model call cancelled mid-stream: its open blocks closed, and what the
     model had said is stored, so the conversation goes on from it."""
     cut = await close_open_blocks(turn)
@@ -145,7 +145,7 @@ async def keep_cut_off(turn: TurnHandle) -> None:
         await turn.store(turn.message("assistant", partial_content(turn, cut)))
 
 
-async def take_steers(turn: TurnHandle) -> None:
+async def take_steers(turn: ModelTurn) -> None:
     """Messages sent with ``on_busy: "steer"`` become this turn's (steering.py):
     logged, then stored with the step's snapshot."""
     steers = await turn.pending_steers()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from holdfast_shared.jobs import TurnJob
 
-from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.handle import ParkingTurn
 
 
-async def park(turn: TurnHandle, request_id: str) -> str:
+async def park(turn: ParkingTurn, request_id: str) -> str:
     """Park on HITL request ``request_id``: snapshot, keep the task, free the worker."""
     await turn.snapshot("hitl")
     await turn.keep_task_while_parked()
@@ -24,7 +24,7 @@ async def park(turn: TurnHandle, request_id: str) -> str:
     return "parked"
 
 
-async def hand_back(turn: TurnHandle) -> str:
+async def hand_back(turn: ParkingTurn) -> str:
     """Shutdown: snapshot, give up the lease and queue the turn for another worker.
 
     The snapshot keeps the last boundary's ``last_seq``: what the cut-off

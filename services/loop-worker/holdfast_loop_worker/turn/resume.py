@@ -23,7 +23,7 @@ from holdfast_shared.events import (
     turn_of,
 )
 
-from holdfast_loop_worker.turn.handle import Seen, TurnHandle
+from holdfast_loop_worker.turn.handle import ResumingTurn, Seen
 
 # What a model call emits; after the last snapshot, these belong to a call
 # that was cut off.
@@ -32,7 +32,7 @@ _MODEL_OUTPUT = frozenset(
 )
 
 
-async def announce_resume(turn: TurnHandle, reason: str | None) -> None:
+async def announce_resume(turn: ResumingTurn, reason: str | None) -> None:
     """Emit ``turn_resumed``, naming the cut-off step's events to discard."""
     async for page in turn.events_after(turn.state.last_seq):
         for logged in page:

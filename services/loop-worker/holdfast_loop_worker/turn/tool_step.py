@@ -23,7 +23,7 @@ from holdfast_shared.jobs import ToolOutcome
 from holdfast_shared.tools import ASK_USER, MEMORY_SAVE, MEMORY_SEARCH, SKILL, WORKING_MEMORY
 
 from holdfast_loop_worker.state import PendingCall
-from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.handle import ToolTurn
 from holdfast_loop_worker.turn.hitl import ask_user, permission
 
 
@@ -64,31 +64,31 @@ def routing_of(name: str) -> Routing:
     return ROUTES.get(name, TOOL_RUNNER)
 
 
-_Handler = Callable[[TurnHandle, PendingCall, ServerTool | None], Awaitable[ToolOutcome]]
+_Handler = Callable[[ToolTurn, PendingCall, ServerTool | None], Awaitable[ToolOutcome]]
 
 
-async def _ask_user(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+async def _ask_user(turn: ToolTurn, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
     return await ask_user(turn, call)
 
 
-async def _working_memory(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+async def _working_memory(turn: ToolTurn, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
     return await turn.working_memory(call.input)
 
 
-async def _skill(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+async def _skill(turn: ToolTurn, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
     return await turn.skill(call.input)
 
 
-async def _memory_search(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+async def _memory_search(turn: ToolTurn, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
     return await turn.memory_search(call.input)
 
 
-async def _memory_save(turn: TurnHandle, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+async def _memory_save(turn: ToolTurn, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
     return await turn.memory_save(call.input)
 
 
 async def _tool_runner(
-    turn: TurnHandle, call: PendingCall, server_tool: ServerTool | None
+    turn: ToolTurn, call: PendingCall, server_tool: ServerTool | None
 ) -> ToolOutcome:
     return await turn.run_tool(call, server_tool)
 
@@ -103,7 +103,7 @@ _HANDLERS: Mapping[Route, _Handler] = {
 }
 
 
-async def run_tools(turn: TurnHandle) -> None:
+async def run_tools(turn: ToolTurn) -> None:
     """Run the pending calls not run yet, then store their results as one message."""
     state = turn.state
     for call in state.pending:
@@ -133,7 +133,7 @@ async def run_tools(turn: TurnHandle) -> None:
     await turn.snapshot("tool_results", message=message)
 
 
-async def call_outcome(turn: TurnHandle, call: PendingCall) -> ToolOutcome:
+async def call_outcome(turn: ToolTurn, call: PendingCall) -> ToolOutcome:
     """What the model is told of one call: run by its route, or refused."""
     if not turn.tools_available:
         return ToolOutcome(error="tools are not available on this engine")
@@ -149,7 +149,7 @@ async def call_outcome(turn: TurnHandle, call: PendingCall) -> ToolOutcome:
 
 
 async def _refusal(
-    turn: TurnHandle, call: PendingCall, server_tool: ServerTool | None
+    turn: ToolTurn, call: PendingCall, server_tool: ServerTool | None
 ) -> ToolOutcome | None:
     """None when the policy (or the user it asks) allows the call."""
     rule = turn.tool_policy(call.name, server_tool)
