@@ -13,7 +13,7 @@ import pytest
 from holdfast_shared.db.models import Task, Turn
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
-from holdfast_tool_runner.sweeper import sweep_once
+from holdfast_tool_runner.workspace_sweep import sweep_once
 from holdfast_tool_runner.workspaces import Workspaces
 from redis.asyncio import Redis
 from sqlalchemy import delete

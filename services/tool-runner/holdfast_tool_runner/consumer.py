@@ -35,7 +35,7 @@ from holdfast_shared.orphans import scan_every
 from holdfast_shared.pubsub import listen
 from redis.asyncio import Redis
 
-from holdfast_tool_runner.archiving import WorkspaceArchiving
+from holdfast_tool_runner.checkpoints import WorkspaceCheckpoints
 from holdfast_tool_runner.executor import ToolExecutor
 from holdfast_tool_runner.sandbox import reap_leftovers
 from holdfast_tool_runner.workspaces import Workspaces
@@ -55,7 +55,7 @@ class ToolConsumer:
         concurrency: int,
         claim_idle_ms: int,
         liveness_seconds: float = 2.0,
-        archiving: WorkspaceArchiving | None = None,
+        archiving: WorkspaceCheckpoints | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys

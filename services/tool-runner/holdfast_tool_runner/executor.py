@@ -26,8 +26,8 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast_tool_runner.archiving import WorkspaceArchiving
 from holdfast_tool_runner.builtin import run_tool
+from holdfast_tool_runner.checkpoints import WorkspaceCheckpoints
 from holdfast_tool_runner.connectors import Connectors
 from holdfast_tool_runner.sandbox import Launchers, SandboxUnavailable
 from holdfast_tool_runner.skillfiles import SkillFiles, release_skills_dir, skills_dir_problem
@@ -51,7 +51,7 @@ class ToolExecutor:
         launchers: Launchers | None = None,
         skill_files: SkillFiles | None = None,
         connectors: Connectors | None = None,
-        archiving: WorkspaceArchiving | None = None,
+        archiving: WorkspaceCheckpoints | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys

@@ -4,7 +4,7 @@ A task whose workspace saw no tool call here for
 ``HOLDFAST_WORKSPACE_HIBERNATE_AFTER_SECONDS`` is checkpointed (incrementally:
 usually its turn end already archived it, so only a scan) and its workspace is
 removed from this disk — unmounted, its image deleted. Its next tool call, on
-this runner or any other, restores the head (``archiving.py``). A workspace in
+this runner or any other, restores the head (``checkpoints.py``). A workspace in
 use (a call holds its lock) is skipped and looked at again next sweep; one
 that cannot be archived is kept.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from holdfast_tool_runner.archiving import WorkspaceArchiving
+from holdfast_tool_runner.checkpoints import WorkspaceCheckpoints
 from holdfast_tool_runner.sandbox import reap_leftovers
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ def sweep_interval(after_seconds: float) -> float:
     return min(60.0, max(0.2, after_seconds / 4))
 
 
-async def hibernate_idle(archiving: WorkspaceArchiving, after_seconds: float) -> list[str]:
+async def hibernate_idle(archiving: WorkspaceCheckpoints, after_seconds: float) -> list[str]:
     """Hibernate every workspace here idle for ``after_seconds``; their task ids."""
     if after_seconds <= 0:
         return []

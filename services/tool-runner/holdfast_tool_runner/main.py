@@ -7,7 +7,7 @@ workspace checkpoint/restore requests; turn-end reap requests
 Produces: each call's outcome in ``tool_results`` (PostgreSQL) and on the
 waiting loop-worker's inbox; a probe's tools on the gateway's reply list;
 files in the task's workspace (one size-capped filesystem per tenant and
-task, removed with the task), archived off this disk (``archiving.py``).
+task, removed with the task), archived off this disk (``checkpoints.py``).
 Guarantees: every process a tool starts runs in the sandbox (bubblewrap +
 seccomp + landlock + limits) or not at all — an MCP stdio server too; a call
 runs at most once, and a redelivered call gets the stored outcome; an MCP
@@ -34,7 +34,7 @@ from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.workspace_archive import store_from_settings
 
-from holdfast_tool_runner.archiving import WorkspaceArchiving
+from holdfast_tool_runner.checkpoints import WorkspaceCheckpoints
 from holdfast_tool_runner.connectors import Connectors
 from holdfast_tool_runner.consumer import ToolConsumer
 from holdfast_tool_runner.diskusage import WorkspaceUsageReporter
@@ -42,7 +42,7 @@ from holdfast_tool_runner.executor import ToolExecutor
 from holdfast_tool_runner.hibernation import hibernate_idle, sweep_interval
 from holdfast_tool_runner.sandbox import launcher_pool, probe
 from holdfast_tool_runner.skillfiles import CACHE_DIR, SkillFiles
-from holdfast_tool_runner.sweeper import sweep_once
+from holdfast_tool_runner.workspace_sweep import sweep_once
 from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         connect_timeout=settings.asset_connect_timeout_seconds,
         outbound=OutboundPolicy.from_settings(settings),
     )
-    # Workspace checkpoints and hibernation (archiving.py, hibernation.py).
-    archiving = WorkspaceArchiving(
+    # Workspace checkpoints and hibernation (checkpoints.py, hibernation.py).
+    archiving = WorkspaceCheckpoints(
         workspaces,
         store_from_settings(settings.workspace_store, sessions),
         redis,

@@ -4,7 +4,7 @@ For the services that do not hold workspaces (the loop-worker, the gateway).
 The request goes on ``Keys.tools``, where the task's tool calls go: every
 tool-runner takes from that stream, and the one that takes the request
 restores the task's head first if it lacks the workspace (see the tool-runner's
-``archiving.py``). The answer comes back on a short-lived Redis list
+``checkpoints.py``). The answer comes back on a short-lived Redis list
 (``Keys.workspace_reply``). A request id makes a redelivered request harmless:
 the runner answers it from the first one's recorded result.
 """

@@ -63,7 +63,7 @@ _REPLY_TTL_SECONDS = 120
 _LOCK_POLL_SECONDS = 0.02
 
 
-class WorkspaceArchiving:
+class WorkspaceCheckpoints:
     """Checkpoints, restores and the local state they diff against, for ``workspaces``."""
 
     def __init__(
