@@ -9,7 +9,7 @@ import socket
 import uuid
 
 from holdfast_shared.background import Background
-from holdfast_shared.orphans import Heartbeat
+from holdfast_shared.liveness import Heartbeat
 from holdfast_shared.runtime import Presence, process_name
 from redis.asyncio import Redis
 

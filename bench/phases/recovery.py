@@ -133,7 +133,7 @@ def run(ctx: Context) -> list[Row]:
             f"random moment 0-3.5 s after all streamed, and replaced); gap = kill → client "
             f"receives turn_resumed; min {min(gaps):.2f} s, max {max(gaps):.2f} s. The "
             f"killed worker's liveness key lapses, a live worker claims its entries, ends its "
-            f"leases and resumes the turns (holdfast_shared.orphans). Lease left at the kill "
+            f"leases and resumes the turns (holdfast_shared.liveness). Lease left at the kill "
             f"p50 {pct(lease, 50):.2f} s (min {min(lease, default=math.nan):.2f}, "
             f"max {max(lease, default=math.nan):.2f}); kill → the new worker starts announcing "
             f"the resume p50 {pct(pickup, 50):.2f} s; → client has turn_resumed p50 "

@@ -5,7 +5,7 @@ learning service (``Keys.trajectories``) each consume a stream through a group.
 What they share lives here: :class:`GroupConsumer` reads new entries
 (``XREADGROUP``), takes over entries another consumer left idle past
 ``claim_idle_ms`` (``XAUTOCLAIM``, the scan going on from its cursor), takes
-over the entries of consumers whose liveness key lapsed (``orphans``),
+over the entries of consumers whose liveness key lapsed (``liveness``),
 acknowledges, and rides out a Redis that lost its data (``NOGROUP``: the group
 is created again) or does not answer. :func:`consume` is the read loop of a
 consumer that runs each entry as a task of its own, up to a concurrency.
@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from holdfast_shared.orphans import claim_from_dead
+from holdfast_shared.liveness import claim_from_dead
 from holdfast_shared.streams import ensure_group
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class GroupConsumer:
         self, alive_key: Callable[[str], str], *, liveness_seconds: float, count: int
     ) -> list[tuple[str, Delivery]]:
         """Up to ``count`` entries of consumers whose liveness key lapsed, with the dead
-        consumer's name (``orphans.claim_from_dead``); none while Redis does not
+        consumer's name (``liveness.claim_from_dead``); none while Redis does not
         answer (the read loop says so, and retries)."""
         try:
             claimed = await claim_from_dead(

@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeVar
 from redis.exceptions import RedisError
 
 from holdfast_shared.background import Background, every
-from holdfast_shared.orphans import Heartbeat, refresh_every
+from holdfast_shared.liveness import Heartbeat, refresh_every
 
 T = TypeVar("T")
 
@@ -89,7 +89,7 @@ class Presence:
     refresh while it lives, withdrawn when it stops.
 
     Others take over the entries of a consumer without a liveness key
-    (``orphans``), so :meth:`start` comes before the consumer's first read; the
+    (``liveness``), so :meth:`start` comes before the consumer's first read; the
     announcing loop runs in the service's :class:`Background`, which cancels it,
     and :meth:`stop` comes after that block has ended, so nothing announces the
     process again once it has withdrawn.

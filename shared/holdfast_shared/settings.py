@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     drain_seconds: float = 30.0
     # Each loop-worker and tool-runner refreshes a liveness key of this TTL four times
     # per TTL; once a killed one's key lapses, the others take its turns and tool calls
-    # over (holdfast_shared.orphans) instead of waiting for its lease to run out.
+    # over (holdfast_shared.liveness) instead of waiting for its lease to run out.
     liveness_seconds: float = Field(default=2.0, ge=0.5, le=60)
     # Per-tenant limits (holdfast_gateway.limits), each off at 0: authenticated requests
     # in any minute; turns running or queued for a worker; messages waiting behind their

@@ -13,7 +13,7 @@ Keeping turns alive through failures:
 * liveness — sooner than that, every live worker looks for consumers of the
   group whose liveness key (``Keys.worker_alive``, TTL
   ``HOLDFAST_LIVENESS_SECONDS``) lapsed, claims their entries, ends their
-  leases and continues their turns (``holdfast_shared.orphans``): a SIGKILLed
+  leases and continues their turns (``holdfast_shared.liveness``): a SIGKILLed
   worker's turns move within about one liveness TTL; the epoch fences a
   worker that was only paused;
 * cancel — ``POST /execute/cancel`` publishes on ``Keys.cancels``; the worker
@@ -41,8 +41,8 @@ from holdfast_shared.background import Background, every
 from holdfast_shared.consuming import Delivery, GroupConsumer, RedisUnavailable, consume
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
+from holdfast_shared.liveness import scan_every
 from holdfast_shared.observability.scopes import observed_turn
-from holdfast_shared.orphans import scan_every
 from holdfast_shared.pubsub import listen
 from redis.asyncio import Redis
 

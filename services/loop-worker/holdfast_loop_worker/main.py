@@ -27,17 +27,17 @@ import json
 import logging
 import os
 
-from holdfast_shared import runtime, workers
+from holdfast_shared import liveness, runtime
 from holdfast_shared.agents import builtin_agents
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import autocommit_session_factory, create_engine, session_factory
 from holdfast_shared.eventlog import Archiver, EventLog
 from holdfast_shared.keys import Keys
+from holdfast_shared.liveness import Heartbeat
 from holdfast_shared.memory import embedders
 from holdfast_shared.memory.index import open_index
 from holdfast_shared.memory.search import Searcher
 from holdfast_shared.observability.process import setup_process
-from holdfast_shared.orphans import Heartbeat
 from holdfast_shared.providers import ProviderRegistry
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
@@ -171,7 +171,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     )
 
     async def announce() -> None:
-        await workers.announce(
+        await liveness.announce_worker(
             redis,
             keys,
             worker_id,
@@ -188,7 +188,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ttl_seconds=settings.liveness_seconds,
         ),
         announce,
-        lambda: workers.withdraw(redis, keys, worker_id),
+        lambda: liveness.withdraw_worker(redis, keys, worker_id),
         liveness_seconds=settings.liveness_seconds,
         what="announcing the worker and its providers",
     )

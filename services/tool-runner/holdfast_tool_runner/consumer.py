@@ -6,7 +6,7 @@ and sent; a runner that dies leaves it pending, and another runner claims it
 after ``claim_idle_ms`` — where the executor's idempotency record makes sure
 it is answered, never run twice. Sooner than that, a runner whose liveness key
 lapsed (``HOLDFAST_LIVENESS_SECONDS``: killed) has its calls claimed by a live
-one (``holdfast_shared.orphans``), which reports a call that was in flight as
+one (``holdfast_shared.liveness``), which reports a call that was in flight as
 interrupted within about one liveness TTL. Asset Directory probes (list a server's tools)
 come on the same stream and are answered on the gateway's reply list, beside workspace
 removals and checkpoint/restore requests (each job's ``kind``: ``jobs.parse_tool_job``;
@@ -31,7 +31,7 @@ from holdfast_shared.jobs import (
     parse_tool_job,
 )
 from holdfast_shared.keys import TOOLS_GROUP, Keys
-from holdfast_shared.orphans import scan_every
+from holdfast_shared.liveness import scan_every
 from holdfast_shared.pubsub import listen
 from redis.asyncio import Redis
 

@@ -27,8 +27,8 @@ from holdfast_shared.assets import Vault, VaultError, vault_from_settings
 from holdfast_shared.background import Background, every
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.keys import Keys
+from holdfast_shared.liveness import Heartbeat
 from holdfast_shared.observability.process import setup_process
-from holdfast_shared.orphans import Heartbeat
 from holdfast_shared.outbound import OutboundPolicy
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
