@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_loop_worker.modelcalls import observed_model_call
 from holdfast_shared.jobs import ToolCallJob, ToolOutcome, TurnJob
 from holdfast_shared.logs import JsonFormatter, bind_turn
 from holdfast_shared.observability import metrics, tracing
-from holdfast_shared.observability.modelcalls import observed_model_call
 from holdfast_shared.observability.scopes import observed_tool_call, observed_turn, traced
 from holdfast_shared.providers.base import (
     BlockStart,

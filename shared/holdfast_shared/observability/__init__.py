@@ -2,8 +2,9 @@
 
 ``metrics`` (every Prometheus series, defined once), ``tracing``
 (OpenTelemetry, on only with an OTLP endpoint), ``scopes`` (the one-line
-hooks where requests, turns and tool calls start), ``modelcalls`` (GenAI
-spans and model metrics), ``process`` (a service's start-up). The stream and
+hooks where requests, turns and tool calls start), ``process`` (a service's
+start-up). The GenAI spans and model metrics of a turn's model calls are the
+loop-worker's own (``holdfast_loop_worker.modelcalls``). The stream and
 HITL gauges the gateway reads on scrape are the gateway's own
 (``holdfast_gateway.queuegauges``). See docs/operations.md.
 

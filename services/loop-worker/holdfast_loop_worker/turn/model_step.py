@@ -14,13 +14,13 @@ from typing import Any
 
 from holdfast_shared.errors import ErrorCode, StepInterrupted
 from holdfast_shared.events import UserMessage
-from holdfast_shared.observability.modelcalls import observed_model_call
 from holdfast_shared.providers import ModelChoice, ModelEvent, ProviderError, UsageReport
 from holdfast_shared.providers.retry import stream_with_retries
 
 from holdfast_loop_worker.blocks import Block, StreamBlocks
 from holdfast_loop_worker.context.assembly import Assembled
 from holdfast_loop_worker.context.tokens import recalibrate
+from holdfast_loop_worker.modelcalls import observed_model_call
 from holdfast_loop_worker.state import PendingCall
 from holdfast_loop_worker.steering import taken_in
 from holdfast_loop_worker.turn.ending import usage_so_far

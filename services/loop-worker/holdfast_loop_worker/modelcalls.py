@@ -14,10 +14,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from opentelemetry.trace import SpanKind
-
 from holdfast_shared.observability import metrics, tracing
 from holdfast_shared.providers.base import Finish, ModelEvent, UsageReport
+from opentelemetry.trace import SpanKind
 
 
 async def observed_model_call(
