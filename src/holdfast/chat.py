@@ -3,7 +3,11 @@
 Text streams as it comes, thinking dimmed, tool calls and their results one
 line each; a permission prompt or a question is asked inline and answered
 through the HITL API. The SDK resumes a dropped stream by itself, so a
-flaky connection shows nothing but a pause. With ``--task`` it continues a
+flaky connection shows nothing but a pause. The model that answers is named
+as the server reports it: no endpoint says a turn's model before it runs, so
+the header says it comes with the first reply, and each turn's ``usage``
+event names it; a line says so whenever it changes (with what the built-in
+``scripted`` model does, as it answers when no provider key is set). With ``--task`` it continues a
 task, and first follows a turn of it that is still running (answering the
 question it waits on, if any).
 """
@@ -31,6 +35,7 @@ from holdfast_client import (
     ToolResult,
     TurnResumed,
     TurnStream,
+    Usage,
     UserMessage,
     WorkingMemoryUpdate,
 )
@@ -40,7 +45,15 @@ from rich.text import Text
 # Tool inputs and outputs are shown on one line, cut to this many characters.
 _COMPACT = 120
 _BUSY = frozenset({"TURN_IN_PROGRESS", "HITL_REQUIRED"})
-HELP = "Type a message and press Enter. /task shows the task id; /exit or Ctrl-D quits."
+HELP = (
+    "Type a message and press Enter. /task shows the task id, /model the model; "
+    "/exit or Ctrl-D quits."
+)
+SCRIPTED_NOTE = (
+    "the built-in scripted model (no provider key set): it echoes each message and follows "
+    "`/script {...}` messages (README: Using it); for a real model set a provider key, "
+    "e.g. ANTHROPIC_API_KEY, before `holdfast up`"
+)
 
 
 def _compact(value: Any, limit: int = _COMPACT) -> str:
@@ -68,6 +81,8 @@ class Chat:
         self._ask = ask
         # Whether the cursor is mid-line (text printed without a newline yet).
         self._open_line = False
+        # The model the server last said answered (a usage event's provider:model).
+        self.model: str | None = None
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -75,6 +90,10 @@ class Chat:
         where = f"task [bold]{self.task_id}[/]" if self.task_id else "a new task"
         agent = f" with agent [bold]{self.agent}[/]" if self.agent else ""
         self.console.print(f"[bold]holdfast chat[/]: {where}{agent}. [dim]{HELP}[/]")
+        self.console.print(
+            f"[bold]model[/]: the engine's choice for {self.agent or 'the general agent'}, "
+            "named with the first reply. [dim]/model shows it.[/]"
+        )
         if self.task_id:
             self._resume_waiting_turn()
         while True:
@@ -89,6 +108,9 @@ class Chat:
                 return 0
             if message == "/task":
                 self.console.print(self.task_id or "(no task yet: send a message)")
+                continue
+            if message == "/model":
+                self.console.print(self.model or "(not known yet: send a message)")
                 continue
             if message == "/help":
                 self.console.print(HELP)
@@ -182,6 +204,10 @@ class Chat:
             self._line(Text(f"✎ {event.key} = {value}", style="dim"))
         elif isinstance(event, CompactionEvent):
             self._line(Text(f"… {event.summarized_messages} messages summarised", style="dim"))
+        elif isinstance(event, Usage) and event.model and event.model != self.model:
+            self.model = event.model
+            note = f" — {SCRIPTED_NOTE}" if event.model.startswith("scripted:") else ""
+            self._line(Text.assemble(("model: ", "bold"), event.model, (note, "dim")))
         elif isinstance(event, ErrorEvent):
             self._line(Text(f"error {event.error}: {event.message}", style="bold red"))
         elif isinstance(event, ThreadLifecycle) and event.phase == "errored":

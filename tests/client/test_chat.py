@@ -90,9 +90,16 @@ def test_chat_streams_asks_permission_and_continues_a_task(
     engine: EngineProcesses, terminal: Callable[..., Terminal]
 ) -> None:
     term = terminal(engine.url)
-    term.wait_for(lambda s: "you>" in s)
+    # The header says which model answers comes with the first reply; then it is named.
+    screen = term.wait_for(lambda s: "you>" in s)
+    header = "model: the engine's choice for the general agent, named with the first reply"
+    assert header in screen, screen
     term.type("hello from tmux")
-    term.wait_for(lambda s: "You said: hello from tmux" in s and s.count("you>") == 2)
+    screen = term.wait_for(lambda s: "You said: hello from tmux" in s and s.count("you>") == 2)
+    assert "model: scripted:scripted — the built-in scripted model" in screen, screen
+    assert screen.count("model: scripted:scripted") == 1, screen
+    term.type("/model")
+    term.wait_for(lambda s: "/model\nscripted:scripted\n" in s and s.count("you>") == 3)
 
     calls = [{"name": "bash", "input": {"command": "echo chat-ran-it"}}]
     term.type(script(text="", tool_calls=calls, thinking="pondering deeply"))
@@ -100,11 +107,13 @@ def test_chat_streams_asks_permission_and_continues_a_task(
     assert "pondering deeply" in screen
     assert "⚙ bash" in screen and "echo chat-ran-it" in screen
     term.type("y")
-    screen = term.wait_for(lambda s: "chat-ran-it\\n" in s and s.count("you>") == 3)
+    screen = term.wait_for(lambda s: "chat-ran-it\\n" in s and s.count("you>") == 4)
     assert "answered: yes" in screen
+    # Named once: the model did not change.
+    assert screen.count("model: scripted:scripted") == 1, screen
 
     term.type("/task")
-    task_id = term.wait_for(lambda s: s.count("you>") == 4).split("/task\n")[1].split("\n")[0]
+    task_id = term.wait_for(lambda s: s.count("you>") == 5).split("/task\n")[1].split("\n")[0]
     term.type("/exit")
     term.wait_for(lambda _: term.exited())
 
