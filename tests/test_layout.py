@@ -127,9 +127,6 @@ SINGLE_USE_ALLOWED = {
     # The schema's migrations stay beside the models they migrate; the holdfast
     # command runs them (``holdfast migrate``, compose's migrate step, every image).
     "holdfast_shared.db.migrate": "run by the holdfast command, with the models",
-    # Pending (#24): workspace_archive/tree.py moves into the tool-runner with its
-    # zstandard dependency (the loop-worker's pyproject asks for shared's archive extra).
-    "holdfast_shared.workspace_archive.tree": "pending: moves into the tool-runner",
 }
 
 

@@ -33,11 +33,10 @@ from holdfast_shared.workspace_archive import (
     PostgresStore,
     WorkspaceRequestError,
     WorkspaceRequestTimeout,
-    checkpoint,
     checkpoint_workspace,
-    restore,
     restore_workspace,
 )
+from holdfast_tool_runner.workspace_tree import checkpoint, restore
 from redis.asyncio import Redis
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker

@@ -18,14 +18,8 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
-from holdfast_shared.workspace_archive import (
-    ArchiveError,
-    ArchiveStore,
-    DirectoryStore,
-    Manifest,
-    checkpoint,
-    restore,
-)
+from holdfast_shared.workspace_archive import ArchiveStore, DirectoryStore, Manifest
+from holdfast_tool_runner.workspace_tree import ArchiveError, checkpoint, restore
 
 pytestmark = pytest.mark.timeout(180)
 

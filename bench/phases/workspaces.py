@@ -22,13 +22,8 @@ from typing import Any
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.db.models import Task, Tenant
 from holdfast_shared.ids import new_task_id
-from holdfast_shared.workspace_archive import (
-    ArchiveStore,
-    DirectoryStore,
-    PostgresStore,
-    checkpoint,
-    restore,
-)
+from holdfast_shared.workspace_archive import ArchiveStore, DirectoryStore, PostgresStore
+from holdfast_tool_runner.workspace_tree import checkpoint, restore
 from sqlalchemy.dialects.postgresql import insert
 
 from bench import scenarios

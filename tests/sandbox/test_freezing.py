@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from holdfast_shared.workspace_archive import DirectoryStore, checkpoint
+from holdfast_shared.workspace_archive import DirectoryStore
 from holdfast_tool_runner.sandbox import frozen, start_resident
+from holdfast_tool_runner.workspace_tree import checkpoint
 
 from tests.sandbox.conftest import PolicyFactory, Workspaces
 

@@ -41,17 +41,11 @@ from pathlib import Path
 from holdfast_shared.ids import is_valid_id, new_id
 from holdfast_shared.jobs import WorkspaceReply, WorkspaceRequest
 from holdfast_shared.keys import Keys
-from holdfast_shared.workspace_archive import (
-    ArchiveError,
-    ArchiveStore,
-    Manifest,
-    ManifestError,
-    checkpoint,
-    restore,
-)
+from holdfast_shared.workspace_archive import ArchiveStore, Manifest, ManifestError
 from redis.asyncio import Redis
 
 from holdfast_tool_runner.sandbox import frozen, reap_leftovers
+from holdfast_tool_runner.workspace_tree import ArchiveError, checkpoint, restore
 from holdfast_tool_runner.workspaces import WorkspaceError, Workspaces
 
 log = logging.getLogger(__name__)

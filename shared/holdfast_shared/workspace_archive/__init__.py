@@ -1,6 +1,7 @@
 """Workspace checkpoints kept off the tool-runner's disk.
 
-A task's workspace is archived content-addressed (``tree.py``): each file's
+A task's workspace is archived content-addressed (the tool-runner's
+``workspace_tree.py``, the only writer and reader of a tree): each file's
 content is one zstd-compressed blob keyed by its SHA-256, stored once per
 tenant; an archive is a manifest (``manifest.py``) of paths to blobs, modes,
 sizes, mtimes and symlink targets. Archives live where every tool-runner
@@ -21,29 +22,17 @@ from holdfast_shared.workspace_archive.stores import (
     PostgresStore,
     store_from_settings,
 )
-from holdfast_shared.workspace_archive.tree import (
-    ArchiveError,
-    CheckpointResult,
-    RestoreResult,
-    checkpoint,
-    restore,
-)
 
 __all__ = [
-    "ArchiveError",
     "ArchiveStore",
-    "CheckpointResult",
     "DirectoryStore",
     "Entry",
     "Manifest",
     "ManifestError",
     "PostgresStore",
-    "RestoreResult",
     "WorkspaceRequestError",
     "WorkspaceRequestTimeout",
-    "checkpoint",
     "checkpoint_workspace",
-    "restore",
     "restore_workspace",
     "store_from_settings",
 ]

@@ -4,7 +4,7 @@ A checkpoint takes the task's lock, so no tool call runs meanwhile; but a proces
 of the task can outlive its call: a stdio MCP server lives across calls and turns
 (``resident.py``). While one runs it can change the workspace under the archiver
 (security issue #23: it flipped a directory to a symlink to a host path). The
-archiver itself never follows a symlink (``workspace_archive/tree.py``); this is
+archiver itself never follows a symlink (``workspace_tree.py``); this is
 the second layer: nothing of the task moves during a checkpoint, so the archive is
 a consistent snapshot.
 

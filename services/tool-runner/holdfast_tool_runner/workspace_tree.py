@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zstandard
-
 from holdfast_shared.ids import new_id
 from holdfast_shared.workspace_archive.manifest import MODE_MASK, Entry, Manifest
 from holdfast_shared.workspace_archive.stores import ArchiveStore
