@@ -46,7 +46,7 @@ RENEW_SPREAD_SECONDS = 3.5  # > lease/3 with the default 10 s lease
 def realistic_state() -> Any:
     """The loop state after a model call that asked for two tools, one already run:
     what a snapshot holds mid-turn (about 1 KB of JSON)."""
-    from holdfast_loop_worker.state import PendingCall, TurnState
+    from holdfast_loop_worker.turn_state import PendingCall, TurnState
 
     return TurnState(
         stage="tools",
@@ -110,7 +110,7 @@ async def snapshot_saves(
     WAL flush)."""
     import json
 
-    from holdfast_loop_worker.state import Snapshots
+    from holdfast_loop_worker.turn_state import Snapshots
     from holdfast_shared.db import create_engine, session_factory
     from holdfast_shared.db.engine import to_async_url
     from sqlalchemy.ext.asyncio import create_async_engine

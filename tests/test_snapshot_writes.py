@@ -7,7 +7,7 @@ import secrets
 from typing import Any
 
 import pytest
-from holdfast_loop_worker.state import Snapshots, TurnState
+from holdfast_loop_worker.turn_state import Snapshots, TurnState
 from holdfast_shared.db.models import ChannelStateSnapshot, EventRecord
 from holdfast_shared.eventlog import EventLog, Writes
 from holdfast_shared.events import TextDelta

@@ -17,7 +17,6 @@ from holdfast_loop_worker.blocks import StreamBlocks
 from holdfast_loop_worker.context.assembly import Assembled
 from holdfast_loop_worker.executions import ExecutionRun
 from holdfast_loop_worker.hitl import Answer, Question
-from holdfast_loop_worker.state import PendingCall, TurnState
 from holdfast_loop_worker.steering import Steer
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.trajectory import TurnEnding
@@ -29,6 +28,7 @@ from holdfast_loop_worker.turn.handle import (
     Seen,
     ToolTurn,
 )
+from holdfast_loop_worker.turn_state import PendingCall, TurnState
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import Message
 from holdfast_shared.eventlog import LoggedEvent

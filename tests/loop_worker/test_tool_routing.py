@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 from holdfast_loop_worker.hitl import Answer
-from holdfast_loop_worker.state import PendingCall
 from holdfast_loop_worker.turn import tool_step
 from holdfast_loop_worker.turn.tool_step import Route, routing_of
+from holdfast_loop_worker.turn_state import PendingCall
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.errors import Parked
 from holdfast_shared.events import HitlRequest, HitlResolved, ToolResult

@@ -56,8 +56,8 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.lease import Leases
-from holdfast_loop_worker.state import Snapshots, TurnState
 from holdfast_loop_worker.toolcalls import ToolCaller
+from holdfast_loop_worker.turn_state import Snapshots, TurnState
 
 log = logging.getLogger(__name__)
 

@@ -53,9 +53,9 @@ from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.recovery import queue_resume, requeue_stale, requeue_unfinished
-from holdfast_loop_worker.state import Snapshots
 from holdfast_loop_worker.toolcalls import ToolCaller
 from holdfast_loop_worker.turn import TurnContext
+from holdfast_loop_worker.turn_state import Snapshots
 
 log = logging.getLogger(__name__)
 

@@ -192,7 +192,7 @@ class EventRecord(Base):
 
 
 class ChannelStateSnapshot(Base):
-    """A checkpoint of a running turn's loop state (see loop-worker ``state.py``)."""
+    """A checkpoint of a running turn's loop state (see loop-worker ``turn_state.py``)."""
 
     __tablename__ = "channel_state_snapshots"
     __table_args__ = (

@@ -40,7 +40,7 @@ from holdfast_loop_worker.context.assembly import (
 from holdfast_loop_worker.context.compaction import Summaries
 from holdfast_loop_worker.context.memory import MemorySource
 from holdfast_loop_worker.context.working_memory import WorkingMemoryStore, parse_change
-from holdfast_loop_worker.state import TurnState
+from holdfast_loop_worker.turn_state import TurnState
 
 log = logging.getLogger(__name__)
 

@@ -39,12 +39,12 @@ from holdfast_loop_worker.emitter import Emitter
 from holdfast_loop_worker.hitl import Answer, HumanChannel, Question
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.skills import TurnSkills
-from holdfast_loop_worker.state import PendingCall, Snapshots, TurnState
 from holdfast_loop_worker.steering import Steer, pending_steers, start_following
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller
 from holdfast_loop_worker.trajectory import TurnEnding, announce, trajectory_insert
 from holdfast_loop_worker.turn.rows import end_statements
+from holdfast_loop_worker.turn_state import PendingCall, Snapshots, TurnState
 
 
 @dataclass

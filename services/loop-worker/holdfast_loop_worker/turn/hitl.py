@@ -11,9 +11,9 @@ from holdfast_shared.events import HitlRequest, HitlResolved
 from holdfast_shared.jobs import ToolOutcome
 
 from holdfast_loop_worker.hitl import Answer
-from holdfast_loop_worker.state import PendingCall
 from holdfast_loop_worker.toolcalls import preview
 from holdfast_loop_worker.turn.handle import AskingTurn
+from holdfast_loop_worker.turn_state import PendingCall
 
 
 async def permission(turn: AskingTurn, call: PendingCall) -> ToolOutcome | None:

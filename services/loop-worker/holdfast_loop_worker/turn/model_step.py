@@ -21,10 +21,10 @@ from holdfast_loop_worker.blocks import Block, StreamBlocks
 from holdfast_loop_worker.context.assembly import Assembled
 from holdfast_loop_worker.context.tokens import recalibrate
 from holdfast_loop_worker.modelcalls import observed_model_call
-from holdfast_loop_worker.state import PendingCall
 from holdfast_loop_worker.steering import taken_in
 from holdfast_loop_worker.turn.ending import usage_so_far
 from holdfast_loop_worker.turn.handle import ModelTurn, TurnHandle
+from holdfast_loop_worker.turn_state import PendingCall
 
 log = logging.getLogger(__name__)
 

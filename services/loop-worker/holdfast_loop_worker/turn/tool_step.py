@@ -22,9 +22,9 @@ from holdfast_shared.events import ToolResult
 from holdfast_shared.jobs import ToolOutcome
 from holdfast_shared.tools import ASK_USER, MEMORY_SAVE, MEMORY_SEARCH, SKILL, WORKING_MEMORY
 
-from holdfast_loop_worker.state import PendingCall
 from holdfast_loop_worker.turn.handle import ToolTurn
 from holdfast_loop_worker.turn.hitl import ask_user, permission
+from holdfast_loop_worker.turn_state import PendingCall
 
 
 class Route(StrEnum):
