@@ -28,7 +28,7 @@ class ErrorCode(StrEnum):
     STORAGE_QUOTA_EXCEEDED = "STORAGE_QUOTA_EXCEEDED"
     UNKNOWN_MODEL = "UNKNOWN_MODEL"
     MODEL_UNAVAILABLE = "MODEL_UNAVAILABLE"
-    # A media item the turn's model cannot take (see holdfast_shared.media).
+    # A media item the turn's model cannot take (see holdfast_shared.media_support).
     UNSUPPORTED_MEDIA = "UNSUPPORTED_MEDIA"
     HITL_REQUIRED = "HITL_REQUIRED"
     HITL_NOT_FOUND = "HITL_NOT_FOUND"

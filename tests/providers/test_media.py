@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from holdfast_shared.conversation import ChatMessage
-from holdfast_shared.media import unsupported_media
+from holdfast_shared.media_support import unsupported_media
 from holdfast_shared.providers.base import ModelRequest, ProviderError
 
 from tests.providers.apis import ANTHROPIC, GEMINI, OPENAI, Api, each_api

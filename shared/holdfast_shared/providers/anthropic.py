@@ -37,7 +37,7 @@ What it guarantees:
   (its own system block, when there is one) and the newest message's last
   block before the notes, which go last as a text block of their own — so
   the next call, whose history extends this one's, reads this one's cache.
-* Media (``holdfast_shared.media``): images as ``image`` blocks (base64 or
+* Media (``holdfast_shared.media_support``): images as ``image`` blocks (base64 or
   URL source), PDFs as ``document`` blocks (base64 or URL), ``text/plain`` as
   a ``document`` with a text source; before the message's text. Anything
   else fails the call as ``UNSUPPORTED_MEDIA`` before a byte is sent.
@@ -67,7 +67,7 @@ from anthropic.types import (
 
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.media import IMAGES, PDF, PLAIN_TEXT
+from holdfast_shared.media_support import IMAGES, PDF, PLAIN_TEXT
 from holdfast_shared.providers import media
 from holdfast_shared.providers.base import (
     BlockStart,

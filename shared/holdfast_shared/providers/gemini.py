@@ -15,7 +15,7 @@ What it guarantees beyond the stream contract:
   part later: Gemini rejects a replayed ``functionCall`` that lost its own.
 * The SDK neither retries nor resumes (``stream_with_retries`` does that), so
   a failure always surfaces here as a :class:`ProviderError`.
-* Media (``holdfast_shared.media``) go before the text of their user turn:
+* Media (``holdfast_shared.media_support``) go before the text of their user turn:
   base64 items as ``inlineData``, URLs as ``fileData`` (Gemini fetches public
   and signed http(s) URLs itself). Anything else fails the call as
   ``UNSUPPORTED_MEDIA`` before a byte is sent. Tool calls and results go out

@@ -1,7 +1,7 @@
 """Media items on their way into a request: checked first, then read.
 
 Every provider calls :func:`require_supported` before it renders a request:
-an item its model cannot take (the table is ``holdfast_shared.media``) fails
+an item its model cannot take (the table is ``holdfast_shared.media_support``) fails
 the call as ``UNSUPPORTED_MEDIA`` naming the type, before anything is sent.
 The gateway refused such items in the new message already; this catches an
 older message's item sent to another model since.
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.media import is_linked, unsupported_media
+from holdfast_shared.media_support import is_linked, unsupported_media
 from holdfast_shared.providers.base import ModelRequest, ProviderError
 
 __all__ = ["data_uri", "decoded_text", "is_linked", "media_type", "require_supported"]

@@ -16,7 +16,7 @@ Completions has no field for them. The output limit goes out as
 deprecated ``max_tokens``) and as ``max_tokens`` to any other base URL
 (Ollama and LM Studio only read that one).
 
-Media (``holdfast_shared.media``) go before the text of their user message,
+Media (``holdfast_shared.media_support``) go before the text of their user message,
 which then has content parts: images as ``image_url`` parts (the URL, or a
 ``data:`` URI), PDFs as ``file`` parts (``file_data`` as a ``data:`` URI with
 the ``filename``; base64 only, Chat Completions fetches no file URL), wav/mp3
@@ -73,7 +73,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaTool
 
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.media import IMAGES, OPENAI_AUDIO_FORMATS, PDF
+from holdfast_shared.media_support import IMAGES, OPENAI_AUDIO_FORMATS, PDF
 from holdfast_shared.providers import media
 from holdfast_shared.providers.base import (
     BlockStart,

@@ -18,7 +18,7 @@ from holdfast_shared.content import (
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.liveness import available_providers, default_models
-from holdfast_shared.media import first_unsupported, unsupported_media
+from holdfast_shared.media_support import first_unsupported, unsupported_media
 from holdfast_shared.memory.brain import USER_ID_PATTERN
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
 from holdfast_shared.turnqueue import BusyMode
