@@ -38,7 +38,9 @@ from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtur
 from tests.oauth_stand_in import ProtectedNotes
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
+from tests.taskids import engine_task_id
 from tests.test_tools_engine import answer_when_asked, by_type, tool_script
+from tests.waiting import logged, types, until, until_logged
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -149,6 +151,7 @@ class NodeServer:
         self.entry = entry
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = log
         self._log = log.open("ab")
         self.process = subprocess.Popen(
             ["node", str(entry), "streamableHttp"],
@@ -643,15 +646,17 @@ async def test_an_http_server_killed_mid_call_gives_an_error_and_the_turn_goes_o
             "input": {"duration": 8, "steps": 8},
         }
         after = {"name": f"{name}__echo", "input": {"message": "still there?"}}
+        task_id = unique("kill")
         turn = asyncio.create_task(
             execute(
                 client,
                 base,
                 key,
-                {"message": tool_script(long, after), "agent": agent, "task_id": unique("kill")},
+                {"message": tool_script(long, after), "agent": agent, "task_id": task_id},
             )
         )
-        await asyncio.sleep(2.5)
+        await until_logged(client, base, key, task_id, logged("tool_call"), "no tool_call")
+        await until(lambda: _call_received(server.log), "the call never reached the server")
         server.kill()
         got = await turn
     finally:
@@ -672,29 +677,48 @@ async def test_a_stdio_server_killed_mid_call_gives_an_error_and_the_turn_goes_o
     base, key = engine.url, api_keys["main"]
     name = unique("fragile")
     assert (await register(client, base, key, stdio_body(name, everything))).status_code == 201
-    agent = await make_agent(client, base, key, [name])
-    task_id = unique("stdio-kill")
     long = {"name": f"{name}__trigger-long-running-operation", "input": {"duration": 8, "steps": 8}}
+    # A quick call first, then the long one behind a question: once the first is
+    # answered and the question asked, the session is up and the server idle,
+    # and what it reads after the answer is the long call.
+    echo = {"name": f"{name}__echo", "input": {"message": "connected"}}
+    agent = await make_agent(client, base, key, [name], permissions={long["name"]: "ask"})
+    task_id = unique("stdio-kill")
     before = {process.pid for process in _stdio_servers(everything)}
     turn = asyncio.create_task(
         execute(
-            client, base, key, {"message": tool_script(long), "agent": agent, "task_id": task_id}
+            client,
+            base,
+            key,
+            {"message": tool_script(echo, long), "agent": agent, "task_id": task_id},
         )
     )
-    victims: list[psutil.Process] = []
-    for _ in range(100):
-        victims = [p for p in _stdio_servers(everything) if p.pid not in before]
-        if victims:
-            break
-        await asyncio.sleep(0.1)
+    await until_logged(
+        client,
+        base,
+        key,
+        task_id,
+        lambda events: {"tool_result", "hitl_request"} <= set(types(events)),
+        "the echo never ended or the question was never asked",
+    )
+    # (A process the registration's probe started may still be on its way out.)
+    idle = {p.pid: _read_chars(p) for p in _stdio_servers(everything) if p.pid not in before}
+    victims = [p for p in _stdio_servers(everything) if idle.get(p.pid, -1) >= 0]
     assert victims, "the stdio server never started"
-    await asyncio.sleep(1.0)
+    await answer_when_asked(client, base, key, task_id, {"answer": "yes"})
+
+    async def called() -> bool:
+        return any(_read_chars(v) >= idle[v.pid] + _CALL_BYTES for v in victims)
+
+    await until(called, "the long call never reached the server")
     for victim in victims:
         victim.kill()
     got = await turn
     assert got.events[-1]["phase"] == "completed", got.events
-    result = by_type(got, "tool_result")[0]
+    echoed, result = by_type(got, "tool_result")
+    assert result_text(echoed) == "Echo: connected"
     assert result["error"] and name in result["error"], result
+    assert "cannot connect" not in result["error"], "killed before its session was up"
 
 
 @pytest.mark.slow
@@ -727,6 +751,31 @@ async def test_a_call_past_its_timeout_is_an_error_and_the_next_one_gets_a_new_s
     late, later = by_type(got, "tool_result")
     assert "did not answer within 20 s" in late["error"], late
     assert result_text(later) == "Echo: after"
+
+
+# Less than the JSON-RPC tools/call of the long operation (about 150 bytes).
+_CALL_BYTES = 100
+
+
+def _read_chars(process: psutil.Process) -> int:
+    """Bytes the process has read so far (files and pipes); -1 once it is gone."""
+    try:
+        return int(process.io_counters().read_chars)
+    except psutil.NoSuchProcess:
+        return -1
+
+
+async def _call_received(log: Path) -> bool:
+    """server-everything logs each HTTP request: the call's session (the one after the
+    registration's probe) is open and has had a request after its handshake's
+    ``notifications/initialized``: the call."""
+    text = await asyncio.to_thread(log.read_text, errors="replace")
+    sessions = text.split("Session initialized with ID:")
+    return (
+        len(sessions) >= 3
+        and "session termination" not in sessions[-1]
+        and sessions[-1].count("Received MCP POST request") >= 2
+    )
 
 
 def _stdio_servers(entry: Path) -> list[psutil.Process]:
@@ -828,7 +877,16 @@ async def test_credentials_never_appear_in_events_logs_snapshots_or_errors(
         f"{base}/execute/replay", params={"task_id": task_id, "after": 0}, headers=_headers(key)
     )
     seen.append(replayed.text)
-    await asyncio.sleep(1.0)  # the archiver's next pass
+    engine_id = await engine_task_id(sessions, task_id)
+
+    async def archived() -> bool:  # the events the search below must find
+        async with sessions() as session:
+            last = await session.scalar(
+                text("SELECT max(seq) FROM events WHERE task_id = :t"), {"t": engine_id}
+            )
+        return bool(last is not None and last >= got.events[-1]["seq"])
+
+    await until(archived, "the turn's events never reached PostgreSQL")
     # ...everything stored (events, snapshots, messages, tool results, the
     # servers' own rows: sealed), everything in Redis, every log line.
     haystacks = {

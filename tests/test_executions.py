@@ -25,6 +25,7 @@ from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtur
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import replay
 from tests.taskids import TENANTS
+from tests.waiting import logged, until_logged
 
 # Generous: the first test also pays for starting the module's engine on a busy machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -150,6 +151,16 @@ async def owner_process(cluster: EngineProcesses, sessions: Any, turn_id: str) -
     assert owner is not None
     pid = int(owner.rsplit("-", 1)[1])
     return next(p for p in cluster.workers if p.pid == pid)
+
+
+async def streaming(cluster: EngineProcesses, api: Api, sessions: Any, execution_id: str) -> None:
+    """Returns once a worker holds the execution's turn and its model call streams,
+    so what races it meets a turn under way, not one still being set up."""
+    row = await row_of(sessions, execution_id)
+    await owner_process(cluster, sessions, row.turn_id or "")
+    await until_logged(
+        api.client, api.base, api.key, execution_id, logged("text_delta"), "no text streamed"
+    )
 
 
 async def test_rollback_brings_back_conversation_state_and_files(
@@ -289,14 +300,14 @@ async def test_delete_a_paused_execution(api: Api) -> None:
     assert (await api.call("GET", f"/v1/execution/{execution_id}")).status_code == 404
 
 
-async def test_delete_racing_a_pause(api: Api) -> None:
+async def test_delete_racing_a_pause(cluster: EngineProcesses, api: Api, sessions: Any) -> None:
     """The pause parks the turn while the delete waits for it to stop: the parked
     turn is no worker's any more, so the delete ends it itself, at once."""
     loop = asyncio.get_running_loop()
     for _ in range(3):
         created = await api.create(input=script(text="word ", deltas=400, delay_ms=20))
         execution_id = created["id"]
-        await asyncio.sleep(0.3)
+        await streaming(cluster, api, sessions, execution_id)
         started = loop.time()
         paused, deleted = await asyncio.gather(
             api.call("POST", f"/v1/execution/{execution_id}/pause"),
@@ -325,13 +336,13 @@ async def test_cancel_a_paused_execution(api: Api) -> None:
     assert last["type"] == "thread_lifecycle" and last["stop_reason"] == "cancelled", last
 
 
-async def test_cancel_racing_a_pause(api: Api) -> None:
+async def test_cancel_racing_a_pause(cluster: EngineProcesses, api: Api, sessions: Any) -> None:
     """Sent together, the cancel may reach the worker while the turn stops for
     the pause: it is not lost, the turn ends cancelled rather than paused."""
     for _ in range(3):
         created = await api.create(input=script(text="word ", deltas=400, delay_ms=20))
         execution_id = created["id"]
-        await asyncio.sleep(0.3)
+        await streaming(cluster, api, sessions, execution_id)
         paused, cancelled = await asyncio.gather(
             api.call("POST", f"/v1/execution/{execution_id}/pause"),
             api.call("POST", "/execute/cancel", {"task_id": execution_id}),

@@ -20,7 +20,7 @@ from holdfast_loop_worker.stopping import TurnStop
 from holdfast_shared.db.models import Message, Turn
 from holdfast_shared.ids import new_id
 from holdfast_shared.keys import Keys
-from holdfast_shared.turnqueue import PENDING, WAITING
+from holdfast_shared.turnqueue import PENDING, STEERING, WAITING
 from httpx_sse import aconnect_sse
 from redis.asyncio import Redis
 from sqlalchemy import func, select
@@ -384,7 +384,7 @@ async def test_a_steer_the_turn_cannot_take_runs_as_the_next_turn(
 
 
 async def test_a_parked_turn_takes_a_steer_when_answered_and_is_ended_by_an_interrupt(
-    engine: EngineProcesses, api_keys: dict[str, str]
+    engine: EngineProcesses, api_keys: dict[str, str], sessions: Sessions
 ) -> None:
     key = api_keys["main"]
     headers = {"X-Engine-Key": key}
@@ -405,7 +405,19 @@ async def test_a_parked_turn_takes_a_steer_when_answered_and_is_ended_by_an_inte
             {"message": "use the blue one", "task_id": steered, "on_busy": "steer"},
         )
         assert head.status == 200
-        await asyncio.sleep(0.5)
+        # The gateway committed the steer and looked for a turn to start before
+        # it answered: the steer waits, stored, beside a turn still parked.
+        async with sessions() as session:
+            statuses = dict(
+                (
+                    await session.execute(
+                        select(Turn.id, Turn.status).where(
+                            Turn.id.in_([question["turn_id"], head.headers["x-turn-id"]])
+                        )
+                    )
+                ).all()
+            )
+        assert statuses == {question["turn_id"]: "parked", head.headers["x-turn-id"]: STEERING}
         assert steer.events == [], "nothing joins a turn that waits for an answer"
         answered = await client.post(
             f"{engine.url}/hitl/respond",

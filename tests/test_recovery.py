@@ -21,6 +21,7 @@ from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtur
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import Received, execute, replay, stream
 from tests.taskids import workspace_of
+from tests.waiting import logged, until_file, until_logged
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -144,25 +145,32 @@ async def test_worker_killed_during_a_tool_call_does_not_repeat_it(
 ) -> None:
     key = api_keys["main"]
     task_id = f"tool-kill-{secrets.token_hex(3)}"
-    command = "echo ran >> effects.log; sleep 2; echo done"
+    # effects.log says the tool started, finished.log that it ended: the kill
+    # must land between the two.
+    command = "echo ran >> effects.log; sleep 3; echo done; touch finished.log"
     message = script(tool_calls=[{"name": "bash", "input": {"command": command}}])
     async with httpx.AsyncClient(timeout=60) as client:
         live = asyncio.create_task(
             execute(client, cluster.url, key, {"message": message, "task_id": task_id})
         )
+        workspace = await workspace_of(sessions, cluster.workspaces, task_id)  # type: ignore[attr-defined]
+        await until_logged(client, cluster.url, key, task_id, logged("tool_call"), "no tool_call")
+        await until_file(workspace / "effects.log", "the tool never started")
         turn_id = await _running_turn(sessions)
-        owner = await owner_of(sessions, turn_id)
-        await asyncio.sleep(0.8)  # the tool is running now
-        victim = process_of(cluster, owner or "")
+        victim = process_of(cluster, await owner_of(sessions, turn_id) or "")
         cluster.kill(victim)
+        assert not (workspace / "finished.log").exists(), "killed after the tool, not during it"
         cluster.start_worker()
         got = await live
     assert_whole(got.events)
-    workspace = await workspace_of(sessions, cluster.workspaces, task_id)  # type: ignore[attr-defined]
     effects = (workspace / "effects.log").read_text()
     assert effects == "ran\n", "the tool ran exactly once"
     results = [e for e in got.events if e["type"] == "tool_result"]
     assert len(results) == 1 and results[0]["output"]["stdout"] == "done\n"
+    resumed = [e for e in got.events if e["type"] == "turn_resumed"]
+    assert len(resumed) == 1 and resumed[0]["reason"] == "worker_lost"
+    call = next(e for e in got.events if e["type"] == "tool_call")
+    assert call["seq"] < resumed[0]["seq"] < results[0]["seq"], "taken over while the tool ran"
     assert got.events[-1]["phase"] == "completed"
 
 
@@ -179,10 +187,7 @@ async def test_tool_runner_killed_mid_call_is_reported_not_rerun(
         )
         workspace = await workspace_of(sessions, cluster.workspaces, task_id)  # type: ignore[attr-defined]
         log = workspace / "effects.log"
-        for _ in range(100):
-            if log.exists():
-                break
-            await asyncio.sleep(0.05)
+        await until_file(log, "the tool never started")
         cluster.kill(cluster.runners[0])
         cluster.start_tool_runner()
         got = await live
@@ -272,7 +277,7 @@ async def test_cancel_stops_a_running_turn_and_the_task_goes_on(
                 {"message": script(text="x ", deltas=100, delay_ms=50), "task_id": task_id},
             )
         )
-        await asyncio.sleep(1.0)
+        await until_logged(client, cluster.url, key, task_id, logged("text_delta"), "no text")
         response = await client.post(
             f"{cluster.url}/execute/cancel",
             json={"task_id": task_id},
@@ -298,14 +303,15 @@ async def test_sigterm_drains_then_hands_the_turn_back(
     cluster: EngineProcesses, api_keys: dict[str, str], sessions: Any
 ) -> None:
     key = api_keys["main"]
+    task_id = f"drain-{secrets.token_hex(3)}"
+    message = script(text="d ", deltas=60, delay_ms=50)
     async with httpx.AsyncClient(timeout=60) as client:
         live = asyncio.create_task(
-            execute(
-                client, cluster.url, key, {"message": script(text="d ", deltas=60, delay_ms=50)}
-            )
+            execute(client, cluster.url, key, {"message": message, "task_id": task_id})
         )
+        # Mid-stream: a turn the worker is still setting up is not one it hands back.
+        await until_logged(client, cluster.url, key, task_id, logged("text_delta"), "no text")
         turn_id = await _running_turn(sessions)
-        await asyncio.sleep(0.5)
         victim = process_of(cluster, await owner_of(sessions, turn_id) or "")
         # drain 1 s < the turn's 3 s: handed back, and a clean exit
         assert cluster.kill(victim, signal.SIGTERM, grace=20) == 0

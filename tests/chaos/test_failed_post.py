@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 
 from tests.chaos.cluster import ChaosCluster, chaos_env, running_cluster
 from tests.chaos.invariants import engine_tasks, pg_rows, workspace
+from tests.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -89,6 +90,7 @@ async def test_a_failed_post_is_not_run_later(
         )
         assert log.status_code == 200
         assert "thread_lifecycle" not in log.text
+        retry_seq = 0
         for _ in range(100):
             async with aconnect_sse(
                 http, "POST", f"{url}/execute", json=body, headers=headers
@@ -97,10 +99,19 @@ async def test_a_failed_post_is_not_run_later(
                     await asyncio.sleep(0.3)
                     continue
                 assert s.response.status_code == 200
-                async for _ in s.aiter_sse():
-                    pass  # to the turn's end
+                async for sse in s.aiter_sse():  # to the turn's end
+                    if sse.event != "heartbeat":
+                        retry_seq = int(sse.id)
                 break
-        await asyncio.sleep(10)  # > 2 leases + a sweep: whatever would be re-queued has run
+        # The failed POST's turn row held the task (the 409s) until the
+        # stale-turn sweep removed it (or, wrongly, ran it). Once no turn of the
+        # task is queued or running, nothing is left that could run the message
+        # again; and the archive, read below, holds the log to its end.
+        await until(
+            lambda: _settled(database_url, found[1], retry_seq),
+            "a turn of the task still queued or running, or its log not archived",
+            within=60,
+        )
 
     turns = await pg_rows(database_url, "SELECT id, status FROM turns WHERE task_id = %s", found[1])
     events = await pg_rows(
@@ -111,3 +122,15 @@ async def test_a_failed_post_is_not_run_later(
     assert ran == 1, f"the message's tool ran {ran} times; turns {turns}, logged {events}"
     # The first turn and the message sent again: the failed POST left nothing.
     assert len(events) == 2, f"turns with events: {events} (turn rows: {turns})"
+
+
+async def _settled(database_url: str, task_id: str, last_seq: int) -> bool:
+    unfinished = await pg_rows(
+        database_url,
+        "SELECT count(*) FROM turns WHERE task_id = %s AND status IN ('queued', 'running')",
+        task_id,
+    )
+    archived = await pg_rows(
+        database_url, "SELECT coalesce(max(seq), 0) FROM events WHERE task_id = %s", task_id
+    )
+    return bool(unfinished[0][0] == 0 and archived[0][0] >= last_seq)
