@@ -241,6 +241,26 @@ async def test_archiving_many_events_in_batches(eventlog: EventLog, sessions) ->
     assert count == 1200
 
 
+async def test_the_script_and_envelope_json_build_the_same_envelope(eventlog: EventLog) -> None:
+    """The append script builds each stored envelope (seq and timestamp exist only
+    there); ``envelope_json`` is its Python twin, which the gateway uses for the first
+    frame of a turn it just appended. The two must agree byte for byte."""
+    t = task()
+    bodies = [
+        (None, body_json(ThreadLifecycle(phase="started"))),
+        ("turn_a", body_json(TextDelta(text='quote " and \\ and é'))),
+    ]
+    for turn_id, body in bodies:
+        appended = await eventlog.append_bodies(
+            t, turn_id, [("x", body)], name=f"{t}-name", new_task=True
+        )
+        (stored,) = await eventlog.read_hot(t, appended.first_seq - 1, count=1)
+        expected = envelope_json(
+            f"{t}-name", turn_id, appended.first_seq, appended.timestamps[0], body
+        )
+        assert stored.data == expected
+
+
 def test_the_catalogue_reads_envelopes() -> None:
     assert {"thread_lifecycle", "text_delta", "heartbeat", "usage"} <= EVENT_TYPES
     # A tool input with a "turn_id" key of its own does not fool turn_of.

@@ -244,7 +244,10 @@ def envelope_json(task_id: str, turn_id: str | None, seq: int, timestamp: int, b
     """Join envelope and body into the flat wire JSON.
 
     Ids are restricted to a JSON-safe alphabet (see ``ids``), so they need no
-    escaping. The event log's append script builds the same string in Lua.
+    escaping. The event log's append script (``eventlog/lua/append.lua``) builds
+    every stored envelope, in the step that assigns its seq and timestamp; this is
+    its twin for a caller that has both from the append's answer (the gateway's
+    first frame of a turn), and the tests' oracle that the two agree.
     """
     turn = "null" if turn_id is None else f'"{turn_id}"'
     return (

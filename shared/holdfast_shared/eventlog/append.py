@@ -1,0 +1,190 @@
+"""Appending to a task's event log: one script call, all events or none.
+
+The script (``lua/append.lua``) assigns each event its seq and timestamp and
+writes its envelope; when the stream is gone the next seq continues from
+PostgreSQL. An append may be fenced by the turn's epoch (:func:`next_epoch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+from sqlalchemy import func, select
+
+from holdfast_shared.db.models import EventRecord
+from holdfast_shared.errors import Superseded
+from holdfast_shared.eventlog.base import LogBase
+from holdfast_shared.eventlog.records import Appended
+from holdfast_shared.eventlog.scripts import APPEND
+from holdfast_shared.events import _Event, body_json
+from holdfast_shared.keys import Keys
+from holdfast_shared.observability import metrics
+from holdfast_shared.redisconn import ClusterClient
+
+log = logging.getLogger(__name__)
+
+
+async def next_epoch(redis: Redis, keys: Keys, task_id: str) -> int:
+    """Start a new epoch for the task's turn: writers of older epochs are fenced off."""
+    return int(await redis.incr(keys.turn_epoch(task_id)))
+
+
+class Appending(LogBase):
+    """Appends to task event logs."""
+
+    async def append(
+        self,
+        task_id: str,
+        turn_id: str | None,
+        events: Sequence[_Event],
+        *,
+        name: str,
+        new_task: bool = False,
+    ) -> Appended:
+        """Append events in order; all or none land (one script call).
+
+        ``task_id`` is the engine's id of the task (its keys); ``name`` is the
+        client's name for it, which the events carry as their ``task_id``.
+        ``new_task`` says the task has no history, which saves a PostgreSQL
+        look-up when its stream does not exist yet.
+        """
+        return await self.append_bodies(
+            task_id,
+            turn_id,
+            [(e.type, body_json(e)) for e in events],
+            name=name,
+            new_task=new_task,
+        )
+
+    async def append_bodies(
+        self,
+        task_id: str,
+        turn_id: str | None,
+        bodies: Sequence[tuple[str, str]],
+        *,
+        name: str,
+        new_task: bool = False,
+        release_lock: bool = False,
+        epoch: int | None = None,
+    ) -> Appended:
+        """Like :meth:`append`, for callers that serialised the bodies already.
+
+        ``release_lock`` frees the task's turn lock (if ``turn_id`` holds it) in
+        the same atomic step as the append: the terminal event of a turn and
+        the task becoming free for its next message are one moment.
+        ``epoch`` fences a turn's writer: the append is refused with
+        :class:`Superseded` once the turn's epoch moved on (another worker
+        took it over while this one stalled).
+        """
+        if not bodies:
+            raise ValueError("nothing to append")
+        flat: list[str] = []
+        for event_type, body in bodies:
+            flat += (event_type, body)
+        floor: tuple[str, str] = ("0", "0") if new_task else ("", "")
+        keys = [
+            self.keys.events(task_id),
+            self.keys.archived(task_id),
+            self.keys.running_turn(task_id),
+            self.keys.turn_epoch(task_id),
+        ]
+        release = "1" if release_lock else ""
+        fence = "" if epoch is None else str(epoch)
+        while True:
+            result = await self._call_append(
+                keys, task_id, name, turn_id, (*floor, release, fence), flat
+            )
+            if result[0] == -2:
+                raise Superseded(f"turn {turn_id} of task {task_id} was taken over")
+            if result[0] != -1:
+                metrics.events_appended(bodies)
+                return Appended(int(result[0]), tuple(int(ts) for ts in result[1:]))
+            seq, ts = await self._pg_floor(task_id)
+            floor = (str(seq), str(ts))
+
+    async def _call_append(
+        self,
+        keys: list[str],
+        task_id: str,
+        name: str,
+        turn_id: str | None,
+        head: tuple[str, str, str, str],
+        flat: list[str],
+    ) -> list[int]:
+        if self._cluster is not None:
+            # A failover can cut the reply of an append that landed and reached the
+            # replica; the token lets its retry find it instead of appending twice.
+            token = secrets.token_hex(8)
+            return await self._call_append_cluster(
+                self._cluster, keys, task_id, [name, turn_id or "", *head, token], flat
+            )
+        args = [name, turn_id or "", *head, "", "", *flat]
+        # The append and its task's dirty mark, in a pipeline shared with the
+        # other turns' appends of this moment (appendbatch.py).
+        result, acked = await self._batcher.call(keys, task_id, args)
+        if acked is not None:
+            self._check_replicas(result, [acked])
+        return result
+
+    async def _call_append_cluster(
+        self,
+        cluster: ClusterClient,
+        keys: list[str],
+        task_id: str,
+        head: list[str],
+        flat: list[str],
+    ) -> list[int]:
+        # The dirty set lives in another slot (maybe on another node), where one
+        # pipeline would not keep the order that the archiver relies on: the
+        # append first, then the mark, one after the other.
+        attempts = 0
+
+        def build(pipe: Any) -> None:
+            # Every attempt after the first may follow one that landed.
+            nonlocal attempts
+            retry = "1" if attempts else ""
+            attempts += 1
+            pipe.evalsha(self._append.sha, len(keys), *keys, *head, retry, *flat)
+            if self.wait_replicas:
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+
+        try:
+            result, *rest = await cluster.on_master(keys[0], build)
+        except NoScriptError:
+            await cluster.script_load(APPEND)
+            result, *rest = await cluster.on_master(keys[0], build)
+        if self.wait_replicas:
+            self._check_replicas(result, rest)
+        await self.redis.zincrby(self.keys.archive_dirty, 1, task_id)
+        return list(result)
+
+    def _check_replicas(self, result: list[int], rest: list[Any]) -> None:
+        if not self.wait_replicas or result[0] < 0:
+            return
+        acked = int(rest[-1])
+        if acked < self.wait_replicas:
+            # Appended and kept by the master; a failover before a replica has it
+            # loses it. min-replicas-to-write is what refuses such a write outright.
+            log.warning(
+                "an append reached %d of %d replicas within %d ms",
+                acked,
+                self.wait_replicas,
+                self.wait_timeout_ms,
+            )
+
+    async def _pg_floor(self, task_id: str) -> tuple[int, int]:
+        async with self.sessions() as session:
+            row = (
+                await session.execute(
+                    select(
+                        func.coalesce(func.max(EventRecord.seq), 0),
+                        func.coalesce(func.max(EventRecord.timestamp), 0),
+                    ).where(EventRecord.task_id == task_id)
+                )
+            ).one()
+        return int(row[0]), int(row[1])
