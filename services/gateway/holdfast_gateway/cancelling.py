@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from holdfast_shared.executions import store
 from holdfast_shared.jobs import TurnJob
+from holdfast_shared.turnqueue import queue_turn
 
 from holdfast_gateway.state import GatewayState
 
@@ -22,4 +23,4 @@ async def request_cancel(state: GatewayState, tenant_id: str, task_id: str, turn
     await state.redis.publish(keys.cancels, f"{task_id} {turn_id}")
     async with state.sessions.begin() as session:
         await store.claimable_again(session, turn_id)
-    await state.redis.xadd(keys.turns, TurnJob.resuming(tenant_id, task_id, turn_id).to_fields())
+    await queue_turn(state.redis, keys, TurnJob.resuming(tenant_id, task_id, turn_id))

@@ -25,6 +25,7 @@ from holdfast_shared.ids import created_ms, new_id, new_task_id
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.observability import tracing
 from holdfast_shared.observability.scopes import traced
+from holdfast_shared.turnqueue import queue_turn
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -222,7 +223,7 @@ async def start_turn(
             model=model,
             traceparent=tracing.turn_traceparent(task.id, turn_id),
         )
-        await state.redis.xadd(state.keys.turns, job.to_fields())
+        await queue_turn(state.redis, state.keys, job)
     except BaseException:
         if not locked or task is None:
             raise

@@ -13,7 +13,7 @@ Validation answers 422 ``INVALID_REQUEST`` naming the field (``details.errors``
 model; a skill or server the tenant does not have (``type``
 ``unknown_skill`` / ``unknown_server``: those depend on what the tenant
 stored, so only the store can say). A turn that runs as an agent resolves it
-when it starts (loop-worker ``turn.py``); a change applies to turns that
+when it starts (loop-worker ``turn/start.py``); a change applies to turns that
 start after it.
 """
 

@@ -44,6 +44,7 @@ from holdfast_shared.executions import (
 )
 from holdfast_shared.ids import ID_PATTERN, new_id
 from holdfast_shared.jobs import TurnJob
+from holdfast_shared.turnqueue import queue_turn
 from holdfast_shared.working_memory import live_working_memory, stored_working_memory
 from holdfast_shared.workspace_archive.requests import (
     WorkspaceRequestError,
@@ -420,9 +421,7 @@ async def resume_execution(
                 503, ErrorCode.UNAVAILABLE, f"the workspace could not be restored: {exc}"
             ) from None
         raise
-    await state.redis.xadd(
-        state.keys.turns, TurnJob.resuming(tenant, row.task_id, turn_id).to_fields()
-    )
+    await queue_turn(state.redis, state.keys, TurnJob.resuming(tenant, row.task_id, turn_id))
     return await _reread(state, execution_id)
 
 

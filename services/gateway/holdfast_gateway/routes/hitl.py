@@ -23,6 +23,7 @@ from holdfast_shared.db.models import HitlRequestRecord, Task
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.jobs import TurnJob
+from holdfast_shared.turnqueue import queue_turn
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select, update
 
@@ -176,7 +177,7 @@ async def respond(
     # The turn is parked: no worker holds it. Any worker takes this job, reads
     # the answer back and continues the turn from its snapshot.
     job = TurnJob.resuming(tenant, row.task_id, row.turn_id)
-    await state.redis.xadd(state.keys.turns, job.to_fields())
+    await queue_turn(state.redis, state.keys, job)
     return {"status": "resumed", "request_id": row.request_id}
 
 
