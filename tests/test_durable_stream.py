@@ -18,6 +18,7 @@ from tests.conftest import engine_env
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute, replay
 from tests.taskids import engine_task_id
+from tests.waiting import logged, until_logged
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -101,10 +102,14 @@ async def test_two_gateways_serve_one_task(
                     client,
                     engine.url,
                     key,
-                    {"message": script(text="g ", deltas=40, delay_ms=25), "task_id": task_id},
+                    {"message": script(text="g ", deltas=40, delay_ms=50), "task_id": task_id},
                 )
             )
-            await asyncio.sleep(0.3)
+            # The other gateway follows the turn while it streams, not after it.
+            await until_logged(
+                client, second_url, key, task_id, logged("text_delta"), "no text on the other"
+            )
+            assert not live.done(), "the turn ended before the other gateway followed it"
             mirrored = await replay(client, second_url, key, {"task_id": task_id})
             original = await live
     finally:

@@ -17,13 +17,18 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_shared.db.models import EventRecord
 from httpx_sse import aconnect_sse
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast.testing import RedisServer
 from tests.conftest import engine_env
 from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute, replay
+from tests.taskids import engine_task_id
+from tests.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -61,19 +66,36 @@ async def follow(
                 seen.append(json.loads(sse.data))
 
 
+async def _streaming(seen: list[dict[str, Any]], *, following: asyncio.Task[None]) -> bool:
+    assert not following.done(), f"the stream ended before the loss: {seen}"
+    return any(e["type"] == "text_delta" for e in seen)
+
+
 def script(**kw: Any) -> str:
     return "/script " + json.dumps(kw)
 
 
 async def test_redis_restarting_empty_loses_nothing_acknowledged(
-    lossy_engine: EngineProcesses, volatile: RedisServer, api_keys: dict[str, str]
+    lossy_engine: EngineProcesses,
+    volatile: RedisServer,
+    api_keys: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     key = api_keys["main"]
     url = lossy_engine.url
     async with httpx.AsyncClient(timeout=30) as client:
         done = await execute(client, url, key, {"message": "kept forever"})
         done_task = done.headers["x-task-id"]
-        await asyncio.sleep(1.0)  # archived (the archiver runs every 0.1 s here)
+        engine_id = await engine_task_id(sessions, done_task)
+
+        async def archived() -> bool:  # what the empty Redis must not lose
+            async with sessions() as session:
+                last = await session.scalar(
+                    select(func.max(EventRecord.seq)).where(EventRecord.task_id == engine_id)
+                )
+            return last is not None and last >= done.events[-1]["seq"]
+
+        await until(archived, "the first task's log never reached PostgreSQL")
 
         task_id = f"lossy-{secrets.token_hex(3)}"
         seen: list[dict[str, Any]] = []
@@ -86,7 +108,8 @@ async def test_redis_restarting_empty_loses_nothing_acknowledged(
                 seen,
             )
         )
-        await asyncio.sleep(1.5)
+        # Lost while the model streams: after the turn was accepted, before its end.
+        await until(lambda: _streaming(seen, following=slow), "the turn never streamed", within=30)
         volatile.kill()
         volatile.start()  # empty: no streams, no groups, no locks
         with contextlib.suppress(httpx.HTTPError, TimeoutError):

@@ -9,7 +9,6 @@ must not go on writing to that turn: the turn still has exactly one
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import time
@@ -23,6 +22,7 @@ from httpx_sse import aconnect_sse
 
 from tests.chaos.cluster import ChaosCluster, chaos_env, running_cluster
 from tests.chaos.invariants import lease_owner, visible_text
+from tests.waiting import logged_after, until, until_log_line, until_logged
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -34,15 +34,10 @@ async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ChaosClust
         yield c
 
 
-async def events_of(http: httpx.AsyncClient, url: str, key: str, **params: Any) -> list[Any]:
-    out = []
-    async with aconnect_sse(
-        http, "GET", f"{url}/execute/replay", params=params, headers={"X-Engine-Key": key}
-    ) as source:
-        async for sse in source.aiter_sse():
-            if sse.event != "heartbeat":
-                out.append(json.loads(sse.data))
-    return out
+def ended(events: list[dict[str, Any]]) -> bool:
+    return any(
+        e["type"] == "thread_lifecycle" and e["phase"] in ("completed", "errored") for e in events
+    )
 
 
 async def test_a_stalled_worker_does_not_write_to_a_turn_taken_over(
@@ -76,16 +71,30 @@ async def test_a_stalled_worker_does_not_write_to_a_turn_taken_over(
             # wakes up in the middle of that. The takeover comes within about
             # 4 leases (the lease, twice the lease of staleness, one sweep);
             # a loaded CI machine adds seconds to that, so wait for it generously.
-            deadline = time.monotonic() + 30
-            while await lease_owner(database_url, turn_id) in (None, stalled_lease):
-                if time.monotonic() > deadline:
-                    raise AssertionError("no other worker took the turn over")
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(1.0)
+            async def taken_over() -> bool:
+                return await lease_owner(database_url, turn_id) not in (None, stalled_lease)
+
+            await until(taken_over, "no other worker took the turn over", within=30)
+            # Wake it up while the other worker streams the model call again.
+            await until_logged(
+                http,
+                url,
+                key,
+                task_id,
+                logged_after("turn_resumed", "text_delta"),
+                "the worker that took over never streamed",
+            )
         finally:
             owner.popen.send_signal(signal.SIGCONT)
-        await asyncio.sleep(6)  # both have had time to finish
-        events = await events_of(http, url, key, task_id=task_id, after=0)
+        # Woken up, the stalled worker tried to go on and was refused.
+        await until_log_line(
+            owner.log,
+            f"turn {turn_id} was taken over by another worker; stopping",
+            "the stalled worker never noticed it lost the turn",
+        )
+        events = await until_logged(
+            http, url, key, task_id, ended, "the turn never ended", within=60
+        )
     mine = [e for e in events if e["turn_id"] == turn_id]
     lifecycle = [(e["seq"], e["phase"]) for e in mine if e["type"] == "thread_lifecycle"]
     assert len(lifecycle) == 2, f"one started and one terminal event, got {lifecycle}"
