@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from holdfast.testing import time_scale
 from tests.processes import EngineProcesses
 from tests.sse_client import execute, replay
 
@@ -241,7 +242,14 @@ async def test_a_dropped_connection_resumes_with_no_gap_and_no_repeat(
     await send(page, script(text=words, delay_ms=40))  # about five seconds of deltas
     await page.wait_for_function("() => hfConsole.seqs.length > 10")
     for _ in range(2):
-        await asyncio.sleep(1.0)
+        # Cut once the page shows more (after the first cut: it resumed), while
+        # the turn still streams.
+        shown = await page.evaluate("hfConsole.seqs.length")
+        await page.wait_for_function(
+            "n => hfConsole.seqs.length > n", arg=shown + 5, timeout=30_000 * time_scale()
+        )
+        status = await page.evaluate("document.getElementById('task-status').textContent")
+        assert status != "idle", "the turn ended before the cut"
         cutting.cut()
     await wait_status(page, "idle")
     task_id = await page.evaluate("hfConsole.taskId")
