@@ -25,7 +25,7 @@ from holdfast_shared.db.models import Task, Tenant, WorkspaceArchive
 from holdfast_shared.ids import new_id, new_task_id
 from holdfast_shared.jobs import WorkspaceReply, WorkspaceRequest
 from holdfast_shared.keys import Keys
-from holdfast_shared.workspace_archive import (
+from holdfast_shared.workspace_checkpoints import (
     ArchiveStore,
     DirectoryStore,
     Manifest,

@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
-from holdfast_shared.workspace_archive import ArchiveStore, DirectoryStore, Manifest
+from holdfast_shared.workspace_checkpoints import ArchiveStore, DirectoryStore, Manifest
 from holdfast_tool_runner.workspace_tree import ArchiveError, checkpoint, restore
 
 pytestmark = pytest.mark.timeout(180)

@@ -3,7 +3,7 @@ changed, as a fraction of a full archive's bytes and time (target ≤ 10 %), and
 restoring that workspace in place to the earlier archive — a rollback — (target
 p50 ≤ 1 s), on each store: PostgreSQL (the bench database) and a directory.
 
-In process, through ``holdfast_shared.workspace_archive`` exactly as the
+In process, through ``holdfast_shared.workspace_checkpoints`` exactly as the
 tool-runner calls it (the Redis request and reply around it add one round trip).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from holdfast_shared.db import create_engine, session_factory
 from holdfast_shared.db.models import Task, Tenant
 from holdfast_shared.ids import new_task_id
-from holdfast_shared.workspace_archive import ArchiveStore, DirectoryStore, PostgresStore
+from holdfast_shared.workspace_checkpoints import ArchiveStore, DirectoryStore, PostgresStore
 from holdfast_tool_runner.workspace_tree import checkpoint, restore
 from sqlalchemy.dialects.postgresql import insert
 

@@ -163,7 +163,7 @@ class WorkspaceRemoval(_ToolJobEntry):
 class WorkspaceRequest(_ToolJobEntry):
     """Archive the task's workspace now (``checkpoint``), or replace it with the
     archive ``archive_id`` (``restore``; None: an empty workspace). Sent on
-    ``Keys.tools`` by ``workspace_archive.requests``; the runner answers on the
+    ``Keys.tools`` by ``workspace_checkpoints.requests``; the runner answers on the
     Redis list ``reply_to`` with a :class:`WorkspaceReply`. ``request_id`` makes a
     redelivered request harmless: it is answered from the first one's result.
     """

@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     # directory: no cap). GET /health says which is in force.
     workspace_max_bytes: int = Field(default=1024**3, ge=4 * 1024**2)
     workspace_fs: Literal["auto", "loop-ext4", "tmpfs", "none"] = "auto"
-    # Where workspaces are archived (shared workspace_archive/): "postgres" (the
+    # Where workspaces are archived (shared workspace_checkpoints/): "postgres" (the
     # database) or "file:///path" (a directory every tool-runner reaches).
     workspace_store: str = Field(default="postgres", pattern=r"^(postgres|file:///.+)$")
     # A task whose workspace saw no tool call for this long is archived and its

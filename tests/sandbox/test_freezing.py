@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from holdfast_shared.workspace_archive import DirectoryStore
+from holdfast_shared.workspace_checkpoints import DirectoryStore
 from holdfast_tool_runner.sandbox import frozen, start_resident
 from holdfast_tool_runner.workspace_tree import checkpoint
 

@@ -11,7 +11,7 @@ measured, and how stale it may be: ``holdfast_gateway.storageusage``.
 from __future__ import annotations
 
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.workspace_archive import store_from_settings
+from holdfast_shared.workspace_checkpoints import store_from_settings
 
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.state import GatewayState

@@ -28,7 +28,7 @@ from typing import cast
 
 from holdfast_shared.db.models import EventRecord, Task
 from holdfast_shared.keys import Keys
-from holdfast_shared.workspace_archive.stores import ArchiveStore
+from holdfast_shared.workspace_checkpoints.stores import ArchiveStore
 from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker

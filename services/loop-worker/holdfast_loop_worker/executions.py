@@ -47,7 +47,7 @@ from holdfast_shared.executions import store as executions
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import Keys
 from holdfast_shared.turnlock import TurnLock
-from holdfast_shared.workspace_archive.requests import (
+from holdfast_shared.workspace_checkpoints.requests import (
     WorkspaceRequestError,
     checkpoint_workspace,
 )

@@ -1,6 +1,6 @@
 """Workspace checkpoints off this runner's disk, and restores onto it.
 
-The archive store (``HOLDFAST_WORKSPACE_STORE``, shared ``workspace_archive``)
+The archive store (``HOLDFAST_WORKSPACE_STORE``, shared ``workspace_checkpoints``)
 holds each task's archives and its *head*: the archive its workspace currently
 is. This runner keeps, per task, the manifest it last wrote or restored and its
 archive id (``<root>/.archive-state/<tenant>/<task>.json``) to diff against, a
@@ -41,7 +41,7 @@ from pathlib import Path
 from holdfast_shared.ids import is_valid_id, new_id
 from holdfast_shared.jobs import WorkspaceReply, WorkspaceRequest
 from holdfast_shared.keys import Keys
-from holdfast_shared.workspace_archive import ArchiveStore, Manifest, ManifestError
+from holdfast_shared.workspace_checkpoints import ArchiveStore, Manifest, ManifestError
 from redis.asyncio import Redis
 
 from holdfast_tool_runner.sandbox import frozen, reap_leftovers

@@ -32,7 +32,7 @@ from holdfast_shared.observability.process import setup_process
 from holdfast_shared.outbound import OutboundPolicy
 from holdfast_shared.redisconn import connect
 from holdfast_shared.settings import Settings, get_settings
-from holdfast_shared.workspace_archive import store_from_settings
+from holdfast_shared.workspace_checkpoints import store_from_settings
 
 from holdfast_tool_runner.checkpoints import WorkspaceCheckpoints
 from holdfast_tool_runner.connectors import Connectors

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import zstandard
 from holdfast_shared.ids import new_id
-from holdfast_shared.workspace_archive.manifest import MODE_MASK, Entry, Manifest
-from holdfast_shared.workspace_archive.stores import ArchiveStore
+from holdfast_shared.workspace_checkpoints.manifest import MODE_MASK, Entry, Manifest
+from holdfast_shared.workspace_checkpoints.stores import ArchiveStore
 
 # Top-level names that are the runner's, not the task's: ext4's lost+found and
 # the mount point of a call's skills (skills.MOUNT_DIR).

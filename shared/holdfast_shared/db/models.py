@@ -576,7 +576,7 @@ class AssetServer(Base):
     )
 
 
-# -- workspace archives (workspace_archive/) ---------------------------------------
+# -- workspace archives (workspace_checkpoints/) ---------------------------------------
 
 
 class WorkspaceBlob(Base):

@@ -50,7 +50,7 @@ from holdfast_shared.db.models import (
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.events import TurnResumed
 from holdfast_shared.keys import Keys
-from holdfast_shared.workspace_archive.requests import restore_workspace
+from holdfast_shared.workspace_checkpoints.requests import restore_workspace
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from holdfast_shared.ids import ID_PATTERN, new_id
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.turnqueue import queue_turn
 from holdfast_shared.working_memory import live_working_memory, stored_working_memory
-from holdfast_shared.workspace_archive.requests import (
+from holdfast_shared.workspace_checkpoints.requests import (
     WorkspaceRequestError,
     checkpoint_workspace,
 )

@@ -9,14 +9,14 @@ reaches them (``stores.py``: PostgreSQL or a directory). Other services ask a
 tool-runner for a checkpoint or a restore through ``requests.py``.
 """
 
-from holdfast_shared.workspace_archive.manifest import Entry, Manifest, ManifestError
-from holdfast_shared.workspace_archive.requests import (
+from holdfast_shared.workspace_checkpoints.manifest import Entry, Manifest, ManifestError
+from holdfast_shared.workspace_checkpoints.requests import (
     WorkspaceRequestError,
     WorkspaceRequestTimeout,
     checkpoint_workspace,
     restore_workspace,
 )
-from holdfast_shared.workspace_archive.stores import (
+from holdfast_shared.workspace_checkpoints.stores import (
     ArchiveStore,
     DirectoryStore,
     PostgresStore,

@@ -31,7 +31,7 @@ from sqlalchemy.sql import Executable
 
 from holdfast_shared.db.models import WorkspaceArchive, WorkspaceBlob, WorkspaceHead
 from holdfast_shared.ids import is_valid_id
-from holdfast_shared.workspace_archive.manifest import Manifest, ManifestError
+from holdfast_shared.workspace_checkpoints.manifest import Manifest, ManifestError
 
 
 class ArchiveStore(Protocol):
