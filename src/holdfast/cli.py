@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from holdfast.supervision import follow_supervisor
+from holdfast.supervisor_link import follow_supervisor
 
 if TYPE_CHECKING:
     from datetime import datetime

@@ -41,7 +41,7 @@ from rich.text import Text
 
 from holdfast.defaultmodel import default_model
 from holdfast.embedded import EmbeddedPostgres, EmbeddedRedis
-from holdfast.supervision import SUPERVISOR_PID_ENV
+from holdfast.supervisor_link import SUPERVISOR_PID_ENV
 
 log = logging.getLogger("holdfast.up")
 
