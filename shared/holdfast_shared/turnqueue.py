@@ -30,6 +30,10 @@ task is queued, running or parked; the head's row is locked while it is
 promoted) and the Redis turn lock, taken for the head inside that
 transaction — so a promotion that dies half-way leaves either nothing or a
 lock held by a pending turn, which the next promotion takes over.
+
+The turn queue is both halves: these pending turns in PostgreSQL, and the
+``turns`` stream a started turn goes on for a loop-worker, whose one writer is
+:func:`queue_turn` (``start_next`` and every re-queue call it).
 """
 
 from __future__ import annotations
