@@ -18,14 +18,7 @@ from httpx_sse import aconnect_sse
 
 from tests.processes import EngineProcesses
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.xfail(
-        strict=True,
-        reason="#25 item 5: the fix belongs in holdfast_loop_worker/turn/model_step.py "
-        "(a cut-off call's usage estimated), which is being moved; remove this marker with it",
-    ),
-]
+pytestmark = [pytest.mark.timeout(120)]
 
 
 async def test_a_cancelled_turn_counts_the_tokens_it_streamed(

@@ -19,7 +19,7 @@ from holdfast_shared.providers.retry import stream_with_retries
 
 from holdfast_loop_worker.blocks import Block, StreamBlocks
 from holdfast_loop_worker.context.assembly import Assembled
-from holdfast_loop_worker.context.tokens import recalibrate
+from holdfast_loop_worker.context.tokens import block_tokens, calibrated, recalibrate
 from holdfast_loop_worker.modelcalls import observed_model_call
 from holdfast_loop_worker.steering import taken_in
 from holdfast_loop_worker.turn.ending import usage_so_far
@@ -79,7 +79,7 @@ async def _call(
     if turn.pause_pending:
         turn.stop.request("pause")
     try:
-        blocks, stop_reason, prompt_tokens = await _stream(turn, stream)
+        blocks, stop_reason, prompt_tokens = await _stream(turn, stream, prepared.tokens)
     finally:
         turn.streaming = False
     turn.state.calibration = recalibrate(turn.state.calibration, prepared.tokens, prompt_tokens)
@@ -87,15 +87,17 @@ async def _call(
 
 
 async def _stream(
-    turn: ModelTurn, stream: AsyncIterator[ModelEvent]
+    turn: ModelTurn, stream: AsyncIterator[ModelEvent], estimated_prompt: int
 ) -> tuple[list[Block], str, int]:
     """The call's blocks, stop reason and prompt size, each event shown as it comes."""
     # Kept on the handle while it streams: a cancel or deadline closes what it left open.
     turn.stream = blocks = StreamBlocks()
     prompt_tokens = 0
+    reported = False
     try:
         async for item in stream:
             if isinstance(item, UsageReport):
+                reported = True
                 prompt_tokens += (
                     item.input_tokens
                     + item.cache_creation_input_tokens
@@ -116,10 +118,33 @@ async def _stream(
     except ProviderError as exc:
         if not blocks.by_index:
             raise
+        if not reported:
+            _count_cut_off(turn, blocks, estimated_prompt)
         await close_open_blocks(turn)
         raise StepInterrupted(exc, partial_content(turn, blocks)) from exc
+    except BaseException:
+        # A cancel, pause, deadline or shutdown cut the call off.
+        if not reported:
+            _count_cut_off(turn, blocks, estimated_prompt)
+        raise
     turn.stream = None
     return blocks.blocks(), blocks.stop_reason, prompt_tokens
+
+
+def _count_cut_off(turn: ModelTurn, blocks: StreamBlocks, estimated_prompt: int) -> None:
+    """Providers report a call's usage at the end of its stream: a call cut off
+    after it had streamed output is counted from our own estimates (the prompt
+    as assembled, the output as shown), or the turn's usage would read 0/0
+    after the deltas its client saw. A call cut off before any output is not
+    counted (it may never have reached the model)."""
+    if not blocks.by_index:
+        return
+    turn.state.add_usage(
+        {
+            "input_tokens": calibrated(estimated_prompt, turn.state.calibration),
+            "output_tokens": sum(block_tokens(b) for b in blocks.contents()),
+        }
+    )
 
 
 def partial_content(turn: TurnHandle, blocks: StreamBlocks) -> dict[str, Any]:
