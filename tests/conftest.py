@@ -81,7 +81,7 @@ def engine_env(redis_url: str, database_url: str, prefix: str, **extra: str) -> 
         HOLDFAST_MODEL="scripted",
         HOLDFAST_LOG_LEVEL=os.environ.get("HOLDFAST_TEST_ENGINE_LOG_LEVEL", "WARNING"),
         # The tests' MCP servers and OAuth stand-ins listen on loopback, which the
-        # outbound policy refuses by default (tests/test_outbound.py runs without it).
+        # outbound policy refuses by default (tests/shared/test_outbound.py runs without it).
         HOLDFAST_OUTBOUND_ALLOW="127.0.0.1/32,::1/128,localhost",
     )
     env.update(extra)

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for ``tests/test_fuzz.py``: the engine's own checks.
+"""Schemathesis hooks for ``tests/gateway/test_fuzz.py``: the engine's own checks.
 
 Loaded by the Schemathesis run itself (its ``hooks`` setting), not by pytest.
 """

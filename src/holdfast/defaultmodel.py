@@ -5,7 +5,7 @@ The loop-workers pick it in ``ProviderRegistry.from_env``: ``HOLDFAST_MODEL``,
 else the first provider whose key is present (Anthropic, OpenAI, Gemini), else
 ``scripted``. That builds every provider's SDK client; the supervisor needs
 only the name, so this reads the same variables without importing an SDK
-(tests/test_default_model.py holds the two to the same answer).
+(tests/cli/test_default_model.py holds the two to the same answer).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The event log's tests on a Redis Cluster (tests/test_eventlog.py, reused as they are)."""
+"""The event log's tests on a Redis Cluster (tests/shared/test_eventlog.py, reused as they are)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.test_eventlog import (
+from tests.shared.test_eventlog import (
     test_archive_now_commits_its_companion_with_the_events,
     test_archive_then_expire_then_continue_from_postgres,
     test_archiving_many_events_in_batches,

@@ -27,7 +27,7 @@ The envelope. ``append.lua`` writes each event's envelope (``task_id``,
 assigns its seq and timestamp: it cannot be built before. Its one Python twin,
 ``events.envelope_json``, serves the gateway's first frame of a turn it has
 just appended (from the append's answer, saving a read) and is the tests'
-oracle: tests/test_eventlog.py holds the two equal.
+oracle: tests/shared/test_eventlog.py holds the two equal.
 """
 
 from holdfast_shared.eventlog.append import Appending, next_epoch

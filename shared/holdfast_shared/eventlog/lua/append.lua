@@ -11,7 +11,7 @@
 -- turn over (fenced).
 -- The envelope of each event (task_id, turn_id, seq, timestamp, then the body's
 -- fields) is built here, where seq and timestamp are assigned: events.envelope_json
--- is its Python twin (tests/test_eventlog.py holds them equal).
+-- is its Python twin (tests/shared/test_eventlog.py holds them equal).
 if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[6] then return {-2} end
 if ARGV[8] == '1' and ARGV[7] ~= '' then
   local recent = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 64)

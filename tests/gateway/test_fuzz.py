@@ -42,7 +42,7 @@ STATEFUL_STEPS = 10
 SEEDS = (20240613, 20261127)
 # The second seed's fuzzing, smaller: at 100 it took 420 s of a loaded 2-core VM.
 SECOND_SEED_EXAMPLES = 30
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_the_api_keeps_to_its_description(
             "ensure_resource_availability,"
             # A stateful run may POST /execute with the deleted task's name between
             # the DELETE and the read: that creates a new task of the name (empty,
-            # sharing nothing with the deleted one; tests/test_tools_engine.py
+            # sharing nothing with the deleted one; tests/e2e/test_tools_engine.py
             # checks exactly that), which this check takes for the deleted one.
             "use_after_free",
             "--report",

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "docker" / "build-images.sh"
 COMPOSE_FILES = [
     "-f",

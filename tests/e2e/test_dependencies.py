@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_SDKS = {"anthropic", "openai", "google-genai"}
 
 # Each image: the root project's extra it installs, and the modules it runs.

@@ -22,7 +22,7 @@ from tests.processes import EngineProcesses
 
 pytestmark = pytest.mark.timeout(120)
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def sdk_example() -> str:

@@ -34,12 +34,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.conftest import engine_env
+from tests.e2e.test_tools_engine import answer_when_asked, by_type, tool_script
 from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.oauth_stand_in import ProtectedNotes
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
 from tests.taskids import engine_task_id
-from tests.test_tools_engine import answer_when_asked, by_type, tool_script
 from tests.waiting import logged, types, until, until_logged
 
 pytestmark = pytest.mark.timeout(180)

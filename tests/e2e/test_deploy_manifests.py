@@ -20,7 +20,7 @@ import pytest
 import yaml
 from holdfast_shared.keys import TOOLS_GROUP, TURNS_GROUP, Keys
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.33.0"
 SERVICES = {"gateway", "loop-worker", "tool-runner", "learning"}
 

@@ -20,7 +20,7 @@ from holdfast_client import events as client
 from holdfast_shared import events as engine
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-CLIENT_PACKAGE = Path(__file__).resolve().parents[1] / "clients" / "python" / "holdfast_client"
+CLIENT_PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "python" / "holdfast_client"
 # What the engine is made of: the client installs without any of them.
 ENGINE_PACKAGES = {
     "holdfast",
