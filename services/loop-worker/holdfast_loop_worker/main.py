@@ -44,6 +44,7 @@ from holdfast_shared.settings import Settings, get_settings
 from holdfast_shared.turnlock import TurnLock
 from holdfast_shared.turnqueue import promote_stranded
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from holdfast_loop_worker.consumer import TurnConsumer
 from holdfast_loop_worker.context.engine import ContextEngine, ContextSettings, check_fits
@@ -66,8 +67,13 @@ async def _expire_questions(human: HumanChannel, redis: Redis, keys: Keys) -> No
         await queue_resume(redis, keys, tenant_id, task_id, turn_id)
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    redis_url, database_url = settings.require_urls()
+def _checked_providers(
+    settings: Settings,
+) -> tuple[ProviderRegistry, ContextSettings, embedders.Embedder | None]:
+    """The providers, context settings and embedder the worker serves with.
+
+    Settings no turn could run with stop the worker here, not mid-turn.
+    """
     providers = ProviderRegistry.from_env(os.environ, settings.model)
     for agent, spec in settings.agent_models.items():
         providers.resolve(spec)  # an agent's model no worker can run is a start-up error
@@ -79,7 +85,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         tool_result_chars=settings.tool_result_context_chars,
     )
     try:
-        # Settings no turn could run with stop the worker here, not mid-turn.
         default = providers.resolve(None)
         for builtin in builtin_agents().values():  # the largest one decides
             check_fits(context_settings, default.model, builtin.system_prompt, builtin.tool_specs())
@@ -87,28 +92,29 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             providers.resolve(settings.compaction_model)
         embedder = embedders.from_settings(settings)
     except ValueError as exc:
-        await providers.aclose()
-        raise SystemExit(f"loop-worker: invalid settings: {exc}") from None
-    stop = runtime.stop_on_signals(stop)
-    worker_id = runtime.process_name()
-    redis = connect(redis_url)
-    # Turns hold a connection only for short writes, so 8 (plus as many in
-    # overflow) serve a hundred slots. Below that the pool keeps one per slot
-    # and two for the archiver and the sweeps: a connection opened past the
-    # pool is closed when it is returned, and at 4 slots a smaller pool opened
-    # more than one PostgreSQL connection a turn (a backend forked each time).
-    engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency + 2))
+        raise _InvalidSettings(providers, str(exc)) from None
+    return providers, context_settings, embedder
+
+
+class _InvalidSettings(Exception):
+    def __init__(self, providers: ProviderRegistry, message: str) -> None:
+        super().__init__(message)
+        self.providers = providers
+
+
+async def _context_engine(
+    settings: Settings,
+    engine: AsyncEngine,
+    redis: Redis,
+    keys: Keys,
+    providers: ProviderRegistry,
+    context_settings: ContextSettings,
+    embedder: embedders.Embedder | None,
+) -> ContextEngine:
     sessions = session_factory(engine)
-    # The per-turn look-ups (turn row, snapshot, steers, history, memories)
-    # and the leases' one-statement updates.
     reads = autocommit_session_factory(engine)
-    keys = Keys(settings.redis_prefix)
-    eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active)
-    inbox = Inbox(redis, keys, worker_id)
-    human = HumanChannel(sessions, ttl_seconds=settings.channel_state_ttl_hitl)
-    leases = Leases(reads, worker_id, lease_seconds=settings.lease_seconds)
     index = await open_index(engine, embedder)
-    context = ContextEngine(
+    return ContextEngine(
         sessions,
         providers,
         BrainMemory(
@@ -122,12 +128,28 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         context_settings,
         reads=reads,
     )
-    ctx = TurnContext(
+
+
+def _turn_context(
+    settings: Settings,
+    engine: AsyncEngine,
+    redis: Redis,
+    keys: Keys,
+    providers: ProviderRegistry,
+    context: ContextEngine,
+    inbox: Inbox,
+    leases: Leases,
+) -> TurnContext:
+    sessions = session_factory(engine)
+    # The per-turn look-ups (turn row, snapshot, steers, history, memories)
+    # and the leases' one-statement updates.
+    reads = autocommit_session_factory(engine)
+    return TurnContext(
         sessions=sessions,
         reads=reads,
         redis=redis,
         keys=keys,
-        eventlog=eventlog,
+        eventlog=EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active),
         providers=providers,
         snapshots=Snapshots(
             sessions,
@@ -137,7 +159,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         ),
         leases=leases,
         lock=TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds + 600),
-        human=human,
+        human=HumanChannel(sessions, ttl_seconds=settings.channel_state_ttl_hitl),
         tools=ToolCaller(
             redis,
             keys,
@@ -154,22 +176,15 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         agent_models=settings.agent_models,
     )
 
-    async def rebuild() -> None:
-        await requeue_unfinished(sessions, redis, keys)
 
-    consumer = TurnConsumer(
-        redis,
-        keys,
-        ctx,
-        leases,
-        consumer_name=worker_id,
-        concurrency=settings.worker_concurrency,
-        lease_seconds=settings.lease_seconds,
-        drain_seconds=settings.drain_seconds,
-        on_group_created=rebuild,
-        liveness_seconds=settings.liveness_seconds,
-    )
-
+def _presence(
+    settings: Settings,
+    redis_url: str,
+    redis: Redis,
+    keys: Keys,
+    worker_id: str,
+    providers: ProviderRegistry,
+) -> runtime.Presence:
     async def announce() -> None:
         await liveness.announce_worker(
             redis,
@@ -180,7 +195,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ttl_seconds=settings.liveness_seconds,
         )
 
-    presence = runtime.Presence(
+    return runtime.Presence(
         Heartbeat(
             redis_url,
             keys.worker_alive(worker_id),
@@ -192,7 +207,85 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         liveness_seconds=settings.liveness_seconds,
         what="announcing the worker and its providers",
     )
-    archiver = Archiver(eventlog, settings.archive_interval_seconds)
+
+
+def _start_sweeps(background: Background, settings: Settings, ctx: TurnContext) -> None:
+    """Question expiry, the stale-turn sweep and the waiting-message sweep."""
+    sessions, redis, keys, eventlog = ctx.sessions, ctx.redis, ctx.keys, ctx.eventlog
+    background.start(
+        every(30.0, lambda: _expire_questions(ctx.human, redis, keys), what="expiring questions"),
+        name="expire-questions",
+    )
+    background.start(
+        every(
+            settings.lease_seconds,
+            lambda: requeue_stale(
+                sessions, redis, keys, ctx.lock, eventlog, settings.lease_seconds
+            ),
+            what="the stale-turn sweep",
+            wait_first=True,
+        ),
+        name="stale-turns",
+    )
+    background.start(
+        every(
+            settings.lease_seconds,
+            lambda: promote_stranded(sessions, redis, keys, ctx.lock, eventlog),
+            what="the waiting-message sweep",
+            wait_first=True,
+        ),
+        name="waiting-messages",
+    )
+
+
+def _consumer(settings: Settings, ctx: TurnContext, leases: Leases, worker_id: str) -> TurnConsumer:
+    async def rebuild() -> None:
+        # The turns group was created anew (Redis lost it): queue what was running.
+        await requeue_unfinished(ctx.sessions, ctx.redis, ctx.keys)
+
+    return TurnConsumer(
+        ctx.redis,
+        ctx.keys,
+        ctx,
+        leases,
+        consumer_name=worker_id,
+        concurrency=settings.worker_concurrency,
+        lease_seconds=settings.lease_seconds,
+        drain_seconds=settings.drain_seconds,
+        on_group_created=rebuild,
+        liveness_seconds=settings.liveness_seconds,
+    )
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    redis_url, database_url = settings.require_urls()
+    try:
+        providers, context_settings, embedder = _checked_providers(settings)
+    except _InvalidSettings as exc:
+        await exc.providers.aclose()
+        raise SystemExit(f"loop-worker: invalid settings: {exc}") from None
+    stop = runtime.stop_on_signals(stop)
+    worker_id = runtime.process_name()
+    redis = connect(redis_url)
+    # Turns hold a connection only for short writes, so 8 (plus as many in
+    # overflow) serve a hundred slots. Below that the pool keeps one per slot
+    # and two for the archiver and the sweeps: a connection opened past the
+    # pool is closed when it is returned, and at 4 slots a smaller pool opened
+    # more than one PostgreSQL connection a turn (a backend forked each time).
+    engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency + 2))
+    keys = Keys(settings.redis_prefix)
+    inbox = Inbox(redis, keys, worker_id)
+    leases = Leases(
+        autocommit_session_factory(engine), worker_id, lease_seconds=settings.lease_seconds
+    )
+    context = await _context_engine(
+        settings, engine, redis, keys, providers, context_settings, embedder
+    )
+    ctx = _turn_context(settings, engine, redis, keys, providers, context, inbox, leases)
+
+    consumer = _consumer(settings, ctx, leases, worker_id)
+    presence = _presence(settings, redis_url, redis, keys, worker_id, providers)
+    archiver = Archiver(ctx.eventlog, settings.archive_interval_seconds)
     # Everything it serves with is imported now (the provider SDKs with the registry).
     runtime.settle_heap()
     log.info(
@@ -206,32 +299,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             background.start(archiver.run(), name="event-archiver")
             background.start(inbox.run(), name="inbox")
             await presence.start(background)  # before the first job is read
-            background.start(
-                every(
-                    30.0, lambda: _expire_questions(human, redis, keys), what="expiring questions"
-                ),
-                name="expire-questions",
-            )
-            background.start(
-                every(
-                    settings.lease_seconds,
-                    lambda: requeue_stale(
-                        sessions, redis, keys, ctx.lock, eventlog, settings.lease_seconds
-                    ),
-                    what="the stale-turn sweep",
-                    wait_first=True,
-                ),
-                name="stale-turns",
-            )
-            background.start(
-                every(
-                    settings.lease_seconds,
-                    lambda: promote_stranded(sessions, redis, keys, ctx.lock, eventlog),
-                    what="the waiting-message sweep",
-                    wait_first=True,
-                ),
-                name="waiting-messages",
-            )
+            _start_sweeps(background, settings, ctx)
             await consumer.run(stop)
         await archiver.flush()
         await inbox.close()
