@@ -146,3 +146,44 @@ async def test_an_end_logged_before_a_crash_is_only_recorded() -> None:
     await ending.end(turn, "completed", "end_turn", [])
     assert turn.events == []
     assert [name for name, _ in turn.calls][:2] == ["release_task", "record_end"]
+
+
+async def _postgres_errors(database_url: str) -> dict[str, Exception]:
+    """Real errors of a real PostgreSQL, as SQLAlchemy raises them."""
+    from holdfast_shared.db import create_engine
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    caught: dict[str, Exception] = {}
+    closed = create_engine("postgresql://postgres@127.0.0.1:1/none", pool_size=1)
+    try:
+        async with closed.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except DBAPIError as exc:
+        caught["refused"] = exc
+    await closed.dispose()
+    engine = create_engine(database_url, pool_size=1)
+    async with engine.connect() as victim, engine.connect() as killer:
+        pid = (await victim.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        await killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        try:
+            await victim.execute(text("SELECT 1"))
+        except DBAPIError as exc:
+            caught["terminated"] = exc
+    async with engine.connect() as conn:
+        try:
+            await conn.execute(text("SELECT 1/0"))
+        except DBAPIError as exc:
+            caught["statement"] = exc
+    await engine.dispose()
+    return caught
+
+
+async def test_an_unreachable_postgres_leaves_the_job_pending(database_url: str) -> None:
+    # A PostgreSQL that restarts (connections refused or cut) is as passing as a
+    # restarting Redis; an error about the statement itself still ends the turn.
+    errors = await _postgres_errors(database_url)
+    assert _outcome(errors["refused"]) == Reraise()
+    assert _outcome(errors["terminated"]) == Reraise()
+    failed = _outcome(errors["statement"])
+    assert isinstance(failed, Fail) and failed.code == ErrorCode.INTERNAL

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from holdfast_shared.background import Background, every
-from holdfast_shared.consuming import Delivery, GroupConsumer, RedisUnavailable, consume
+from holdfast_shared.consuming import Delivery, GroupConsumer, consume
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.keys import TURNS_GROUP, Keys
 from holdfast_shared.liveness import scan_every
@@ -48,6 +48,7 @@ from redis.asyncio import Redis
 
 from holdfast_loop_worker.executions import interrupt_for_pause
 from holdfast_loop_worker.lease import Leases
+from holdfast_loop_worker.transient import store_unreachable
 from holdfast_loop_worker.turn import TurnContext, TurnRunner
 
 log = logging.getLogger(__name__)
@@ -185,8 +186,9 @@ class TurnConsumer:
         except Exception as exc:
             # Left unacknowledged: the job stays pending and is taken over, at
             # once since the lease is given up (if PostgreSQL still answers).
-            if isinstance(exc, RedisUnavailable):
-                log.warning("turn %s paused while Redis is unreachable", job.turn_id)
+            store = store_unreachable(exc)
+            if store is not None:
+                log.warning("turn %s paused while %s is unreachable", job.turn_id, store)
             else:
                 log.exception("turn %s could not be run", job.turn_id)
             with contextlib.suppress(Exception):

@@ -20,8 +20,6 @@ from holdfast_shared.eventlog import next_epoch
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.observability import metrics
 from holdfast_shared.providers import ProviderError, UnknownModel
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # Modules, not their functions: the bench times the steps by wrapping them there.
 import holdfast_loop_worker.turn.ending as ending
@@ -32,6 +30,7 @@ import holdfast_loop_worker.turn.start as start
 import holdfast_loop_worker.turn.tool_step as tool_step
 from holdfast_loop_worker import executions
 from holdfast_loop_worker.stopping import TurnStop
+from holdfast_loop_worker.transient import store_unreachable
 from holdfast_loop_worker.turn.ending import Cancel, Fail, HandBack, Outcome, Park, Pause, Reraise
 from holdfast_loop_worker.turn.handle import LiveTurn, TurnContext, TurnHandle
 
@@ -53,21 +52,22 @@ def _stopped(_: asyncio.CancelledError, turn: TurnHandle, __: float) -> Outcome:
     return _STOPS.get(turn.stop.consume() or "", Reraise())
 
 
-def _redis_gone(exc: Exception, turn: TurnHandle, _: float) -> Outcome:
-    # Redis restarting, or loading its file after one (BusyLoadingError): a
-    # transient state, not a reason to end the user's turn. The turn is left as
-    # a crash leaves it: the consumer keeps its job pending and gives up its
-    # lease, and it resumes from its last snapshot once Redis answers (what it
-    # emitted since is named by turn_resumed).
-    log.warning(
-        "turn %s stopped by an unreachable Redis (%s); it resumes once Redis answers",
-        turn.job.turn_id,
-        type(exc).__name__,
-    )
-    return Reraise()
-
-
 def _internal(exc: Exception, turn: TurnHandle, _: float) -> Outcome:
+    store = store_unreachable(exc)
+    if store is not None:
+        # Redis or PostgreSQL restarting (transient.py): not a reason to end the
+        # user's turn. The turn is left as a crash leaves it: the consumer keeps
+        # its job pending and gives up its lease (or it lapses), and it resumes
+        # from its last snapshot once the store answers (what it emitted since
+        # is named by turn_resumed).
+        log.warning(
+            "turn %s stopped by an unreachable %s (%s); it resumes once %s answers",
+            turn.job.turn_id,
+            store,
+            type(exc).__name__,
+            store,
+        )
+        return Reraise()
     log.error("turn %s failed", turn.job.turn_id, exc_info=exc)
     return Fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
@@ -86,7 +86,6 @@ _ENDINGS: tuple[tuple[_Kind, Callable[..., Outcome]], ...] = (
     (UnknownModel, lambda exc, *_: Fail(ErrorCode.UNKNOWN_MODEL, str(exc))),
     # A custom agent deleted before this (resumed) turn could read it.
     (AgentNotFound, lambda exc, *_: Fail.of(exc)),
-    ((RedisConnectionError, RedisTimeoutError), _redis_gone),
     (Exception, _internal),
 )
 
