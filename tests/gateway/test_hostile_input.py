@@ -601,7 +601,7 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
     }
     common = {"401", "422", "429", "500", "503"}
     expected = {
-        ("post", "/execute"): common | {"200", "404", "409", "413", "415"},
+        ("post", "/execute"): common | {"200", "404", "409", "413", "415", "507"},
         ("get", "/execute/replay"): common | {"200", "403", "404"},
         ("post", "/auth/stream-token"): common | {"200", "404", "413", "415"},
         ("post", "/execute/cancel"): common | {"200", "404", "409", "413", "415"},
@@ -627,11 +627,11 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
         ("put", "/memory/soul"): common | {"200", "413", "415"},
         ("get", "/memory/soul/versions"): common | {"200"},
         ("get", "/memory/export"): common | {"200"},
-        ("post", "/memory/import"): common | {"200", "413", "415"},
+        ("post", "/memory/import"): common | {"200", "413", "415", "507"},
         ("delete", "/memory"): common | {"200"},
         ("get", "/learning/status"): common | {"200"},
         ("get", "/skills"): common | {"200"},
-        ("post", "/skills"): common | {"201", "409", "413", "415"},
+        ("post", "/skills"): common | {"201", "409", "413", "415", "507"},
         ("get", "/skills/{name}"): common | {"200", "404"},
         ("delete", "/skills/{name}"): common | {"204", "404", "409"},
         ("post", "/assets/servers"): common | {"201", "409", "413", "415"},
@@ -643,7 +643,7 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
         # The authorization server sends the browser here: no API key, the state names it.
         ("get", "/assets/oauth/callback"): {"200", "400", "404", "422", "500", "503"},
         ("get", "/health"): {"200", "401", "429", "500", "503"},
-        ("post", "/v1/execution"): common | {"201", "404", "413", "415"},
+        ("post", "/v1/execution"): common | {"201", "404", "413", "415", "507"},
         ("get", "/v1/execution"): common | {"200"},
         ("get", "/v1/execution/{execution_id}"): common | {"200", "404"},
         ("delete", "/v1/execution/{execution_id}"): common | {"204", "404", "409"},

@@ -124,7 +124,7 @@ _EXECUTION_LINKS = {
     dependencies=[JsonBody],
     responses={
         201: {"description": "The execution, its work started", "links": _EXECUTION_LINKS},
-        **errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404),
+        **errors.responses(*errors.AUTHENTICATED, *errors.WITH_BODY, 404, 507),
     },
     summary="Create an execution and start its work",
 )
