@@ -94,7 +94,7 @@ async def _stream(
 
 async def test_the_model_step_emits_what_the_dispatcher_shows() -> None:
     turn = FakeTurn()
-    blocks, stop_reason, prompt_tokens = await model_step._stream(turn, _stream(CALL))
+    blocks, stop_reason, prompt_tokens = await model_step._stream(turn, _stream(CALL), 0)
     expected = StreamBlocks()
     assert turn.events == [event for item in CALL for event in expected.take(item)]
     assert [b.to_content() for b in blocks] == assemble(CALL)
@@ -107,7 +107,7 @@ async def test_a_stream_broken_after_output_keeps_its_partial_message() -> None:
     turn = FakeTurn()
     reset = ProviderError(ErrorCode.LLM_PROVIDER_ERROR, "connection reset")
     with pytest.raises(StepInterrupted) as raised:
-        await model_step._stream(turn, _stream(CALL[:5], fail=reset))
+        await model_step._stream(turn, _stream(CALL[:5], fail=reset), 0)
     assert turn.events[-1] == ContentBlockStop(block_index=1, block_type="text")
     assert raised.value.content == {
         "blocks": [
@@ -123,5 +123,5 @@ async def test_a_stream_broken_before_output_fails_as_the_provider_said() -> Non
     turn = FakeTurn()
     reset = ProviderError(ErrorCode.LLM_PROVIDER_ERROR, "connection reset")
     with pytest.raises(ProviderError):
-        await model_step._stream(turn, _stream([], fail=reset))
+        await model_step._stream(turn, _stream([], fail=reset), 0)
     assert turn.events == []
