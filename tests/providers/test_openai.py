@@ -482,6 +482,12 @@ async def test_error_event_mid_stream_interrupts_after_partial_output(
     assert len(wire.requests) == 1
 
 
+# The SDK reads a dropped stream through nested async generators (httpx's
+# aiter_raw under its own decoder) that it closes only by garbage collection;
+# on a loaded machine the collector finalizes one while the server side is
+# still tearing down, and pytest reports that as an unraisable exception.
+# Not ours: the provider closes the response (``async with chunks``).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_dropped_connection_mid_stream_interrupts(
     provider: OpenAIProvider, wire: WireServer
 ) -> None:
@@ -497,6 +503,12 @@ async def test_dropped_connection_mid_stream_interrupts(
     assert len(wire.requests) == 1
 
 
+# The SDK reads a dropped stream through nested async generators (httpx's
+# aiter_raw under its own decoder) that it closes only by garbage collection;
+# on a loaded machine the collector finalizes one while the server side is
+# still tearing down, and pytest reports that as an unraisable exception.
+# Not ours: the provider closes the response (``async with chunks``).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_dropped_connection_is_a_retryable_error(
     provider: OpenAIProvider, wire: WireServer
 ) -> None:
