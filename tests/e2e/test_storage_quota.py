@@ -18,6 +18,7 @@ from holdfast.testing.database import add_api_key
 from tests.conftest import engine_env
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
+from tests.waiting import until
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -76,6 +77,7 @@ async def test_over_the_limit_new_writes_get_507_and_write_nothing(
         # Turns until the archived log passes the limit and the cached figure
         # (0.2 s) sees it: a bound on attempts, not on time.
         refused = None
+        logged = 0  # events the task's turns streamed
         for _ in range(200):
             got = await execute(client, base, key, {"message": BIG, "task_id": task})
             if got.status == 507:
@@ -83,12 +85,19 @@ async def test_over_the_limit_new_writes_get_507_and_write_nothing(
                 break
             assert got.status == 200, got.body
             assert got.events[-1]["phase"] == "completed"
+            logged = got.events[-1]["seq"]
         assert refused is not None, "never refused"
         body = refused.body
         assert body["error"] == "STORAGE_QUOTA_EXCEEDED"
         assert body["details"]["limit_bytes"] == LIMIT
         assert body["details"]["used_bytes"] >= LIMIT
 
+        # The last turn's events reach PostgreSQL a moment after its end (the
+        # event copier): counted once they are all there.
+        async def copied() -> bool:
+            return (await _counts(sessions, tenant))[2] == logged
+
+        await until(copied, "the task's events copied to PostgreSQL")
         before = await _counts(sessions, tenant)
         again = await execute(client, base, key, {"message": "hi", "task_id": task})
         fresh = f"quota-new-{secrets.token_hex(3)}"

@@ -157,18 +157,20 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 ),
                 name="mcp-session-sweep",
             )
-            # For HOLDFAST_TENANT_MAX_STORAGE_BYTES (diskusage.py).
-            usage = WorkspaceUsageReporter(
-                workspaces, redis, keys, interval_seconds=settings.storage_usage_refresh_seconds
-            )
-            background.start(
-                every(
-                    settings.storage_usage_refresh_seconds,
-                    usage.report,
-                    what="reporting the workspaces' disk usage",
-                ),
-                name="workspace-usage",
-            )
+            if settings.tenant_max_storage_bytes > 0:
+                # For HOLDFAST_TENANT_MAX_STORAGE_BYTES (diskusage.py); without a cap
+                # nobody reads the figure, so no runner walks its disk for it.
+                usage = WorkspaceUsageReporter(
+                    workspaces, redis, keys, interval_seconds=settings.storage_usage_refresh_seconds
+                )
+                background.start(
+                    every(
+                        settings.storage_usage_refresh_seconds,
+                        usage.report,
+                        what="reporting the workspaces' disk usage",
+                    ),
+                    name="workspace-usage",
+                )
             hibernate_after = settings.workspace_hibernate_after_seconds
             if hibernate_after > 0:
                 background.start(
