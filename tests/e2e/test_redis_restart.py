@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from httpx_sse import aconnect_sse
 
 from holdfast.testing import RedisServer
 from tests.conftest import engine_env
+from tests.e2e.test_redis_loss import follow
 from tests.isolation import own_api_keys, own_database_url  # noqa: F401 (fixtures)
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import replay
@@ -62,17 +62,6 @@ def restarting_engine(
         yield procs
 
 
-async def _follow(
-    client: httpx.AsyncClient, url: str, key: str, body: dict[str, Any], seen: list[dict[str, Any]]
-) -> None:
-    async with aconnect_sse(
-        client, "POST", f"{url}/execute", json=body, headers={"X-Engine-Key": key}
-    ) as source:
-        async for sse in source.aiter_sse():
-            if sse.event != "heartbeat":
-                seen.append(json.loads(sse.data))
-
-
 async def test_a_turn_outlives_a_redis_restart(
     restarting_engine: EngineProcesses, durable: RedisServer, api_keys: dict[str, str]
 ) -> None:
@@ -83,7 +72,7 @@ async def test_a_turn_outlives_a_redis_restart(
     seen: list[dict[str, Any]] = []
     async with httpx.AsyncClient(timeout=30) as client:
         following = asyncio.create_task(
-            _follow(client, url, key, {"message": script, "task_id": task_id}, seen)
+            follow(client, url, key, {"message": script, "task_id": task_id}, seen)
         )
         # Redis dies while the model streams: after the turn's first deltas.
         deadline = time.monotonic() + 60
