@@ -1,6 +1,6 @@
 """Where the POST→``started`` time goes, stage by stage, measured inside the gateway.
 
-    uv run python -m bench.breakdown [--posts 300]
+    uv run --group dev python -m bench.breakdown [--posts 300]
 
 Runs the same sequential-POST workload as the latency row of ``bench.run``,
 against a gateway process started through :func:`instrumented_main`: the real

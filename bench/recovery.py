@@ -15,7 +15,7 @@
 * Snapshot cost. ``Snapshots.save`` (one PostgreSQL INSERT of the turn's loop
   state, through the worker's own engine settings) timed directly against
   the bench database; and, inside instrumented loop-workers
-  (``bench.instrument``), every ``LiveTurn.snapshot`` (``turn/handle.py``): the emitter drain
+  (``bench.instrument``), every ``LiveTurn.snapshot`` (``turn/live.py``): the emitter drain
   plus the one transaction that writes the task's unarchived events, the
   step's message and the state, as a turn pays it at each iteration boundary.
 """

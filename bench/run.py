@@ -1,8 +1,8 @@
 """Holdfast performance bench: one table, every row measured in the same run.
 
-    uv run python -m bench.run                  # full run (a few minutes on 2 cores)
-    uv run python -m bench.run --quick          # smaller sizes, for a smoke run
-    uv run python -m bench.run --phase latency  # one phase (repeatable)
+    uv run --group dev python -m bench.run                  # full run (a few minutes on 2 cores)
+    uv run --group dev python -m bench.run --quick          # smaller sizes, for a smoke run
+    uv run --group dev python -m bench.run --phase latency  # one phase (repeatable)
 
 This module holds the arguments and prints the table; the phases are in
 ``bench.phases`` (one module each, ``--help`` lists them), what they share

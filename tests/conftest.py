@@ -79,6 +79,9 @@ def engine_env(redis_url: str, database_url: str, prefix: str, **extra: str) -> 
         HOLDFAST_HEARTBEAT_SECONDS="1",
         HOLDFAST_ARCHIVE_INTERVAL_SECONDS="0.1",
         HOLDFAST_MODEL="scripted",
+        # Two pytest-xdist workers run many engines on one PostgreSQL (max_connections
+        # is often 100): each process keeps 2 connections open, bursts open more.
+        HOLDFAST_DATABASE_POOL_SIZE="2",
         HOLDFAST_LOG_LEVEL=os.environ.get("HOLDFAST_TEST_ENGINE_LOG_LEVEL", "WARNING"),
         # The tests' MCP servers and OAuth stand-ins listen on loopback, which the
         # outbound policy refuses by default (tests/shared/test_outbound.py runs without it).

@@ -38,6 +38,16 @@ _NOT_STORED = {
     # lone surrogate somewhere inside: PostgreSQL cannot store it, and JSON
     # Schema cannot say so of every nested key and string.
     "unstorable_json",
+    # A webhook given by a tenant that has no signing secret yet (POST /webhooks/secret).
+    "no_signing_secret",
+    # POST /schedules: a cron expression cronsim does not parse (or that never
+    # matches), a time zone the IANA database does not have, an `at` already past.
+    "invalid_cron",
+    "unknown_timezone",
+    "in_the_past",
+    # output_schema (/execute, /v1/execution, /schedules): an object that is not
+    # a JSON Schema by its metaschema, over 32 KiB, or referring outside itself.
+    "not_a_json_schema",
 }
 
 
@@ -80,11 +90,14 @@ def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | No
         code, problems = None, set()
     # DESTINATION_NOT_ALLOWED: a well-formed URL leading where the outbound policy
     # refuses to connect (loopback, private...): where it leads is not the schema's.
+    # IDEMPOTENCY_KEY_REUSED: an Idempotency-Key an earlier request of the run
+    # came with (a fuzzer repeats short values): what was sent before is the store's.
     if code in (
         "MODEL_UNAVAILABLE",
         "UNSUPPORTED_MEDIA",
         "ASSET_UNAVAILABLE",
         "DESTINATION_NOT_ALLOWED",
+        "IDEMPOTENCY_KEY_REUSED",
     ):
         return None
     if code == "INVALID_REQUEST" and problems and problems <= _NOT_STORED:

@@ -79,3 +79,18 @@ async def replay(
     client: httpx.AsyncClient, base: str, key: str, params: dict[str, Any], **kw: Any
 ) -> Received:
     return await stream(client, "GET", f"{base}/execute/replay", key=key, params=params, **kw)
+
+
+async def long_task(
+    base: str, key: str, task_id: str, turns: int, *, filler: int, read_seconds: float = 60
+) -> list[dict[str, Any]]:
+    """Send ``turns`` messages of ``filler`` sentences each to one task, one turn
+    after the other, each asserted completed; all their events, in order."""
+    events: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=read_seconds) as client:
+        for i in range(turns):
+            message = f"message {i}: " + "the quick brown fox jumps over the lazy dog " * filler
+            got = await execute(client, base, key, {"message": message, "task_id": task_id})
+            assert got.events[-1]["phase"] == "completed", got.events[-4:]
+            events += got.events
+    return events

@@ -28,8 +28,10 @@ from bench.phases import (
     raw,
     recovery,
     scale,
+    schedules,
     sdk,
     tools,
+    typescript,
     workspaces,
 )
 from bench.table import Row
@@ -46,6 +48,7 @@ PHASES: dict[str, Phase] = {
     "raw": raw,
     "e2e": e2e,
     "sdk": sdk,
+    "typescript": typescript,
     "console": console,
     "latency": latency,
     "idle": idle,
@@ -59,6 +62,7 @@ PHASES: dict[str, Phase] = {
     "memory": memory,
     "workspaces": workspaces,
     "executions": executions,
+    "schedules": schedules,
 }
 # The order they run in: the raw baseline before any engine process starts;
 # idle last whatever is asked, since it leaves 1,000 endless turns on its worker.
@@ -68,6 +72,7 @@ RUN_ORDER = (
     "latency",
     "e2e",
     "sdk",
+    "typescript",
     "console",
     "providers",
     "tools",
@@ -76,6 +81,7 @@ RUN_ORDER = (
     "memory",
     "workspaces",
     "executions",
+    "schedules",
     "scale",
     "capacity",
     "idle",

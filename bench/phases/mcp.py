@@ -25,6 +25,13 @@ That interval is the server's own time, subtracted from each round trip below.
   ``tool_call`` frame and reported apart. The
   loop-worker and tool-runner are instrumented (``bench.instrument``), so the
   round trip is also split into steps on one clock.
+* Stdio, kept across turns (issue #31): the same tool served by the same SDK
+  over stdio (:func:`serve_stdio`, this interpreter and repository allowed
+  read-only in the sandbox through ``HOLDFAST_ASSET_STDIO_PATHS``), registered as
+  a stdio server; one task, turns of 11 calls. Each turn's first call is what a
+  restart per turn used to cost (0.8-4.3 s for a node or Python server); the
+  server answers with its pid, so the row says how many processes served the
+  timed turns (one: kept). Its own time is not subtracted (the tool does nothing).
 """
 
 from __future__ import annotations
@@ -173,6 +180,35 @@ def serve() -> None:
 
 
 SERVER_CODE = "from bench.phases.mcp import serve; serve()"
+
+
+def serve_stdio() -> None:
+    """Entry point of the stdio server (started by the tool-runner in the sandbox)."""
+    import os
+
+    from mcp.server.mcpserver import MCPServer
+    from mcp_types import ToolAnnotations
+
+    server = MCPServer("hfbench-stdio", log_level="WARNING")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def ping(tag: str) -> dict[str, Any]:
+        """Answers at once, with the serving process's pid."""
+        return {"tag": tag, "pid": os.getpid()}
+
+    server.run("stdio")
+
+
+STDIO_SERVER_CODE = "from bench.phases.mcp import serve_stdio; serve_stdio()"
+
+
+def stdio_paths() -> list[str]:
+    """What the stdio server's sandbox must see: this repository (the venv and
+    ``bench``) and the interpreter the venv's python links to."""
+    import sys
+    from pathlib import Path
+
+    return sorted({str(Path(__file__).resolve().parents[2]), sys.base_prefix})
 
 
 def _root(url: str) -> str:
@@ -419,6 +455,75 @@ async def engine_calls(
     return out
 
 
+@dataclass
+class Stdio:
+    cold_ms: float  # the task's first call: the server starts
+    first_ms: list[float] = field(default_factory=list)  # each later turn's first call
+    reused_ms: list[float] = field(default_factory=list)  # the other calls
+    pids: set[int] = field(default_factory=set)  # processes that served the timed turns
+
+
+async def stdio_calls(url: str, key: str, turns: int) -> Stdio:
+    """Register the stdio server, and run ``turns`` timed turns on one task after
+    a first turn that starts it."""
+    import sys
+
+    name = f"hfbench-{secrets.token_hex(3)}"
+    tool = f"{name}__{TOOL}"
+    task_id = f"hfbench-stdio-{secrets.token_hex(4)}"
+    async with new_client() as client:
+        await _post(
+            client,
+            f"{url}/assets/servers",
+            key,
+            {
+                "name": name,
+                "transport": "stdio",
+                "command": sys.executable,
+                "args": ["-c", STDIO_SERVER_CODE],
+                "env": {"PYTHONPATH": stdio_paths()[-1]},
+            },
+        )
+        agent = f"{name}-agent"
+        await _post(
+            client,
+            f"{url}/agents",
+            key,
+            {
+                "name": agent,
+                "description": "calls the bench's stdio MCP server",
+                "system_prompt": "You use the tools of your MCP servers.",
+                "servers": [name],
+            },
+        )
+
+        async def turn(prefix: str) -> tuple[list[_Call], set[int]]:
+            calls = [
+                {"name": tool, "input": {"tag": f"{prefix}.{i}"}}
+                for i in range(1 + REUSED_PER_TURN)
+            ]
+            body = {"message": script(text="", tool_calls=calls), "agent": agent}
+            got = await stream_frames(
+                client, "POST", f"{url}/execute", key=key, json_body={**body, "task_id": task_id}
+            )
+            pids = set()
+            for frame, _at, event in got.frames:
+                if frame == "tool_result":
+                    structured = (event.get("output") or {}).get("structuredContent") or {}
+                    pids.add(int(structured.get("pid", 0)))
+            return _calls(got), pids
+
+        cold, _ = await turn("cold")
+        out = Stdio(cold_ms=(cold[0].answered - cold[0].started) * 1000)
+        for i in range(turns):
+            calls, pids = await turn(f"t{i}")
+            out.pids |= pids
+            first, *rest = calls
+            out.first_ms.append((first.answered - first.started) * 1000)
+            out.reused_ms.extend((c.answered - c.started) * 1000 for c in rest)
+    return out
+
+
 # -- the phase ----------------------------------------------------------------------------
 def run(ctx: Context) -> list[Row]:
     s, engine, pct = ctx.sizes, ctx.engine, percentile
@@ -428,7 +533,13 @@ def run(ctx: Context) -> list[Row]:
     raw = got = None
     with ctx.errors_to(rows, label):
         spans, _provider = ctx.instrumented(1)
-        engine.start_tool_runner({SPANS_ENV: str(spans.directory)}, RUNNER_CODE)
+        engine.start_tool_runner(
+            {
+                SPANS_ENV: str(spans.directory),
+                "HOLDFAST_ASSET_STDIO_PATHS": json.dumps(stdio_paths()),
+            },
+            RUNNER_CODE,
+        )
         _proc, server_url = engine.start_helper("mcp", SERVER_CODE)
         ctx.say(f"MCP server {server_url} (the SDK's MCPServer, streamable HTTP)")
         ctx.say(f"{label}: raw SDK baseline, {calls} calls on one session")
@@ -440,8 +551,18 @@ def run(ctx: Context) -> list[Row]:
                 lambda: engine_calls(engine.gateway_url, engine.api_key, server_url, calls, spans),
                 ctx.use_uvloop,
             )
+    stdio_label = "MCP tool round trip (stdio server kept across the task's turns)"
+    stdio = None
+    with ctx.errors_to(rows, stdio_label):
+        stdio_turns = max(3, math.ceil(calls / REUSED_PER_TURN))
+        ctx.say(f"{stdio_label}: {stdio_turns} turns of {1 + REUSED_PER_TURN} calls")
+        stdio = run_async(
+            lambda: stdio_calls(engine.gateway_url, engine.api_key, stdio_turns), ctx.use_uvloop
+        )
     engine.stop_tool_runners()
     _stop_server(ctx)
+    if stdio is not None:
+        rows.append(_stdio_row(stdio_label, stdio))
     if raw is None or got is None:
         return rows
     reused, opening = got.reused, got.opening
@@ -488,6 +609,28 @@ def run(ctx: Context) -> list[Row]:
         )
     )
     return rows
+
+
+def _stdio_row(label: str, got: Stdio) -> Row:
+    pct = percentile
+    first = pct(got.first_ms, 50)
+    return Row(
+        label,
+        f"{first:.1f} ms p50",
+        f"{got.cold_ms:.0f} ms cold start",
+        f"{got.cold_ms / first:.0f}x",
+        f"≤ {TARGET_MCP_ROUND_TRIP_MS:g} ms p50 (on a kept session)",
+        f"The SDK's MCPServer over stdio in the task's sandbox, registered as a stdio "
+        f"server; one task: a first turn starts it (its first call {got.cold_ms:.0f} ms, "
+        f"what every turn paid when the turn's end stopped it), then {len(got.first_ms)} "
+        f"turns of {1 + REUSED_PER_TURN} calls, served by {len(got.pids)} process(es). "
+        f"A later turn's first call (last tool_call frame → its tool_result, after the "
+        f"model step's snapshot): p50 {first:.1f} ms, max {max(got.first_ms):.1f} ms; the "
+        f"other calls (previous tool_result frame → this one's): p50 "
+        f"{pct(got.reused_ms, 50):.1f} ms, p99 {pct(got.reused_ms, 99):.1f} ms over "
+        f"{len(got.reused_ms)}. The server's own time is not subtracted (its tool does nothing).",
+        ok=len(got.pids) == 1 and pct(got.reused_ms, 50) <= TARGET_MCP_ROUND_TRIP_MS,
+    )
 
 
 def _stop_server(ctx: Context) -> None:

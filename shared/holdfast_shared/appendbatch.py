@@ -155,12 +155,18 @@ def _fail(items: list[_Append], exc: BaseException) -> None:
 
 
 async def eval_many(
-    redis: Redis, script: str, sha: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    redis: Redis,
+    script: str,
+    sha: str,
+    calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+    *,
+    raise_on_error: bool = True,
 ) -> list[Any]:
     """Each ``(keys, args)`` call of one script, in one pipeline; their replies in order.
 
     Loads the script and sends them all again when Redis lacks it (then none ran).
-    Any other error of a call is raised after the pipeline, as redis-py does.
+    Any other error of a call is raised after the pipeline, as redis-py does, or
+    (``raise_on_error=False``) left in its place among the replies.
     """
 
     async def send() -> list[Any]:
@@ -176,6 +182,6 @@ async def eval_many(
         await redis.script_load(script)
         replies = await send()
     for reply in replies:
-        if isinstance(reply, Exception):
+        if isinstance(reply, Exception) and raise_on_error:
             raise reply
     return replies

@@ -27,13 +27,32 @@ from typing import Any, NoReturn, Self
 log = logging.getLogger(__name__)
 
 
+# How long a cancelled task may take to end before it is cancelled again. On
+# CPython 3.11 ``asyncio.wait_for`` drops a cancel that lands in the tick its
+# inner future completes (python/cpython#86296, #107547; rewritten in 3.12), and
+# redis-py sends every command through it: a loop cancelled at that moment goes
+# on, and the process never stops (seen in the learning service's trajectory
+# intake, stopped during a Redis Cluster failover). A loop's own clean-up on
+# cancel (a last write) takes well under this.
+RECANCEL_SECONDS = 2.0
+
+
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
-    """Cancel ``task`` (if any) and wait until it has really stopped."""
+    """Cancel ``task`` (if any) and wait until it has really stopped, cancelling
+    it again while a lost cancel leaves it running (``RECANCEL_SECONDS``)."""
     if task is None:
         return
-    task.cancel()
+    await _cancelled([task])
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def _cancelled(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` until every one has ended."""
+    while pending := [task for task in tasks if not task.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=RECANCEL_SECONDS)
 
 
 async def every(
@@ -84,6 +103,8 @@ class Background:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await self._group.__aexit__(exc_type, exc, tb)
+        ending = asyncio.create_task(_cancelled(self._tasks))
+        try:
+            await self._group.__aexit__(exc_type, exc, tb)
+        finally:
+            await cancel_and_wait(ending)

@@ -28,6 +28,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from holdfast_shared.liveness import claim_from_dead
+from holdfast_shared.redisconn import closed_under_redis
 from holdfast_shared.streams import ensure_group
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,9 @@ class GroupConsumer:
                 raise
             log.warning("the group %s is gone (Redis lost its data?); recreating it", self.group)
             await self.ensure_group()
-        except RedisUnavailable:
+        except Exception as exc:
+            if not isinstance(exc, RedisUnavailable) and not closed_under_redis(exc):
+                raise
             log.warning("Redis unreachable; retrying", exc_info=True)
             await asyncio.sleep(_RETRY_SECONDS)
         return []

@@ -18,6 +18,8 @@ class ErrorCode(StrEnum):
     TURN_IN_PROGRESS = "TURN_IN_PROGRESS"
     # /execute with on_busy: the task already has HOLDFAST_MAX_QUEUED_TURNS messages waiting.
     TURN_QUEUE_FULL = "TURN_QUEUE_FULL"
+    # /execute: an Idempotency-Key sent again with another request.
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVALID_REQUEST = "INVALID_REQUEST"
     NOT_FOUND = "NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
@@ -68,6 +70,8 @@ class ErrorCode(StrEnum):
     # A URL the engine would connect to for the tenant leads somewhere the outbound
     # policy refuses (loopback, private, metadata...; HOLDFAST_OUTBOUND_ALLOW).
     DESTINATION_NOT_ALLOWED = "DESTINATION_NOT_ALLOWED"
+    # /webhooks/deliveries/{id}: no delivery of that id for the tenant (also another tenant's).
+    WEBHOOK_DELIVERY_NOT_FOUND = "WEBHOOK_DELIVERY_NOT_FOUND"
     # GET /assets/servers/{name}/connect of a server that does not use oauth2.
     ASSET_NOT_OAUTH2 = "ASSET_NOT_OAUTH2"
     # An OAuth authorization that cannot complete (unknown or expired state, a refused code).
@@ -84,8 +88,21 @@ class ErrorCode(StrEnum):
     EXECUTION_NOT_PAUSED = "EXECUTION_NOT_PAUSED"
     # Resume from a checkpoint the execution does not have.
     CHECKPOINT_NOT_FOUND = "CHECKPOINT_NOT_FOUND"
+    # A task's files (/tasks/{id}/files): no such file or directory in the workspace
+    # (404; also a path through a symlink), a path that would leave it (400), an
+    # upload larger than the workspace's room (413), a Range past the file's end (416).
+    FILE_NOT_FOUND = "FILE_NOT_FOUND"
+    INVALID_PATH = "INVALID_PATH"
+    WORKSPACE_FULL = "WORKSPACE_FULL"
+    RANGE_NOT_SATISFIABLE = "RANGE_NOT_SATISFIABLE"
     # The execution's active time ran past its config.max_duration_seconds.
     EXECUTION_MAX_DURATION = "EXECUTION_MAX_DURATION"
+    # output_schema: the model's answer was not valid JSON for the schema, twice
+    # (once more asked with the errors); details.errors says why.
+    OUTPUT_INVALID = "OUTPUT_INVALID"
+    # /schedules: no schedule of that name (also another tenant's); the name is taken.
+    SCHEDULE_NOT_FOUND = "SCHEDULE_NOT_FOUND"
+    SCHEDULE_EXISTS = "SCHEDULE_EXISTS"
 
 
 class HoldfastError(Exception):

@@ -105,12 +105,63 @@ class ToolResult(_Event):
     error: str | None = None
 
 
+class Artifact(_Event):
+    """A file a tool call wrote under the workspace's ``outputs/``: the agent's
+    output for the client, after the call's ``tool_result``. ``download`` is its
+    path on the API (``GET /tasks/{task_id}/files/{path}``)."""
+
+    type: Literal["artifact"] = "artifact"
+    tool_call_id: str
+    path: str
+    name: str
+    size: int
+    sha256: str
+    download: str
+
+
+class ToolProgress(_Event):
+    """A running tool call's progress, as its MCP server reported it
+    (``notifications/progress``): ``progress`` so far, of ``total`` when the server
+    knows it, and its ``message``. Between the call's ``tool_call`` and its
+    ``tool_result``; sent at most a few times a second (the last report of a
+    burst may be skipped, never one that reaches ``total``)."""
+
+    type: Literal["tool_progress"] = "tool_progress"
+    tool_call_id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+class ToolOutcomeUnknown(_Event):
+    """Nobody knows whether an effectful tool call took effect: it was sent
+    (``sent_at``, epoch ms) and no answer came (``runner_lost_at``: when its
+    runner was found gone, or its time ran out; ``reason`` says which). The
+    engine does not run it again by itself: a ``hitl_request`` of kind
+    ``outcome_unknown`` follows, answered ``retry`` (run it again with the same
+    ``idempotency_key``), ``succeeded`` or ``failed``; the model then sees one result.
+    """
+
+    type: Literal["tool_outcome_unknown"] = "tool_outcome_unknown"
+    tool_call_id: str
+    tool: str
+    input: dict[str, Any]
+    idempotency_key: str
+    attempt: int = 1
+    reason: str
+    sent_at: int | None = None
+    runner_lost_at: int | None = None
+
+
 class HitlRequest(_Event):
     type: Literal["hitl_request"] = "hitl_request"
     request_id: str
-    kind: Literal["permission", "question"]
+    kind: Literal["permission", "question", "outcome_unknown", "elicitation"]
     question: str
     tool_call: dict[str, Any] | None = None
+    # elicitation: the form an MCP server asks for (a flat JSON Schema object);
+    # answer accept with content matching it, decline or cancel.
+    requested_schema: dict[str, Any] | None = None
     expires_at: int | None = None
 
 
@@ -148,7 +199,9 @@ class CompactionEvent(_Event):
 
 
 class TurnResumed(_Event):
-    """The turn continues on another worker (or after a restart) from its last snapshot.
+    """The turn continues on another worker (or after a restart) from its last
+    snapshot; or, ``reason: "model_retry"``, a model call whose stream broke
+    off after output is made again on the same worker.
 
     Events ``discard_from_seq``..``discard_to_seq`` (when present) were the
     partial output of a step that was cut off and is now run again: a client
@@ -193,6 +246,24 @@ class Usage(_Event):
     model: str | None = None
     # The turn's active time so far (pauses and waits for a human excluded).
     active_seconds: float = 0.0
+    # True when a model call of the turn reported no usage, or an implausible one
+    # (a local server's constant), and was counted from the engine's estimates.
+    estimated: bool | None = None
+
+
+class Result(_Event):
+    """A turn's structured result (``output_schema`` on /execute or /v1/execution):
+    the model's final answer parsed as JSON and validated against the schema,
+    logged just before the turn's ``completed``. A result that stays invalid
+    ends the turn ``errored`` with ``OUTPUT_INVALID`` instead."""
+
+    type: Literal["result"] = "result"
+    # A null result (a schema may allow one) is sent as null, not left out.
+    KEEP_NULL: ClassVar[frozenset[str]] = frozenset({"result"})
+    # Any JSON value the schema allows (an object, most often).
+    result: Any
+    # The model's answers it took (2: the first was invalid and corrected).
+    attempts: int = 1
 
 
 Event = Annotated[
@@ -204,6 +275,8 @@ Event = Annotated[
     | ContentBlockStop
     | ToolCall
     | ToolResult
+    | ToolProgress
+    | ToolOutcomeUnknown
     | HitlRequest
     | HitlResolved
     | WorkingMemoryUpdate
@@ -211,7 +284,9 @@ Event = Annotated[
     | TurnResumed
     | UserMessage
     | Heartbeat
-    | Usage,
+    | Usage
+    | Result
+    | Artifact,
     Field(discriminator="type"),
 ]
 

@@ -18,6 +18,10 @@ TOOLS_GROUP = "tool-runners"
 LEARNING_GROUP = "learners"
 
 
+# The reap request's third word after a turn's normal end (Keys.tools_reap).
+REAP_TURN_END = "turn-end"
+
+
 @dataclass(frozen=True)
 class Keys:
     """Key names under one prefix (``HOLDFAST_REDIS_PREFIX``)."""
@@ -68,7 +72,9 @@ class Keys:
     @property
     def tools_reap(self) -> str:
         """Pub/sub channel: ``<tenant_id> <task_id>`` whose leftover tool processes every
-        runner kills."""
+        runner kills, its stdio MCP servers too; ``<tenant_id> <task_id> turn-end``
+        (:data:`REAP_TURN_END`) after a turn's normal end, which spares those servers
+        (kept for the task's next turns until their idle timeout)."""
         return f"{self.prefix}tools:reap"
 
     @property
@@ -85,6 +91,18 @@ class Keys:
     def default_models(self) -> str:
         """Sorted set: each live loop-worker's default ``provider:model``, scored by expiry (ms)."""
         return f"{self.prefix}default-models"
+
+    @property
+    def unavailable_models(self) -> str:
+        """Sorted set: ``[provider:model, reason]`` (JSON) of models a live loop-worker
+        cannot serve (their window is too small), scored by expiry (ms)."""
+        return f"{self.prefix}unavailable-models"
+
+    def model_calls(self, endpoint: str) -> str:
+        """Sorted set: the turns' model calls under way on a provider endpoint,
+        scored by when each is given up for dead (ms); the learning centre waits
+        while there are any on its own (``holdfast_shared.endpoint_calls``)."""
+        return f"{self.prefix}model-calls:{endpoint}"
 
     @property
     def runners(self) -> str:
@@ -141,6 +159,11 @@ class Keys:
         """The answer to a finished ``WorkspaceRequest``, kept a while so a redelivered
         request is answered again instead of being carried out twice."""
         return f"{self.prefix}workspace:done:{request_id}"
+
+    def workspace_upload(self, request_id: str) -> str:
+        """The bytes of an upload (base64) a ``WorkspaceFiles`` write request takes
+        into a workspace: left by the gateway, deleted by the runner; short-lived."""
+        return f"{self.prefix}workspace:upload:{request_id}"
 
     def gateway_wake(self, gateway_id: str) -> str:
         """Stream a gateway's tailer also blocks on, so a new subscriber can wake it."""

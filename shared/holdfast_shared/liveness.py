@@ -16,7 +16,10 @@ that a given worker is up, such as ``holdfast.testing``'s readiness rule.
 ``Keys.providers`` (a sorted set scored by an expiry time) and refreshes it
 while it lives, together with its own registration (:func:`announce_worker`);
 the gateway refuses a request for a provider no live worker advertises with a
-422, instead of accepting a turn that can only fail.
+422, instead of accepting a turn that can only fail. A model a worker cannot
+serve (its context window too small even for the trimmed system prompt and
+tools) is advertised in ``Keys.unavailable_models`` with the reason: the
+gateway refuses it the same way, and ``GET /health`` is degraded and says why.
 
 **Taking over a dead consumer's stream entries**, as soon as its liveness key
 lapses. Loop-workers and tool-runners name their consumer in the group after
@@ -48,7 +51,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from redis.asyncio import Redis
@@ -126,12 +129,18 @@ async def announce_worker(
     *,
     default_model: str | None = None,
     ttl_seconds: float = ALIVE_TTL_SECONDS,
+    unavailable: Mapping[str, str] | None = None,
 ) -> None:
-    """Say (again) that ``worker_id`` lives and serves ``providers``.
+    """Say (again) that ``worker_id`` lives and serves ``providers`` (but not
+    the models of ``unavailable``, ``provider:model`` → why).
 
     ``ttl_seconds`` (``HOLDFAST_LIVENESS_SECONDS`` in a worker) is also how soon the
     other workers take its turns over once it stops saying so (:func:`claim_from_dead`)."""
     await advertise(redis, keys, providers, default_model=default_model)
+    if unavailable:
+        expires = int((time.time() + ADVERTISE_SECONDS) * 1000)
+        members = {json.dumps([spec, why]): expires for spec, why in unavailable.items()}
+        await redis.zadd(keys.unavailable_models, members, gt=True)
     report = json.dumps({"providers": sorted(providers)})
     await redis.set(keys.worker_alive(worker_id), report, px=int(ttl_seconds * 1000))
 
@@ -159,6 +168,19 @@ async def available_providers(redis: Redis, keys: Keys) -> set[str]:
     now = int(time.time() * 1000)
     names = await redis.zrangebyscore(keys.providers, now, "+inf")
     return {str(name) for name in names}
+
+
+async def unavailable_models(redis: Redis, keys: Keys) -> dict[str, str]:
+    """``provider:model`` → why, for each model some live worker cannot serve."""
+    now = int(time.time() * 1000)
+    found: dict[str, str] = {}
+    for member in await redis.zrangebyscore(keys.unavailable_models, now, "+inf"):
+        try:
+            spec, why = json.loads(member)
+        except (ValueError, TypeError):
+            continue
+        found[str(spec)] = str(why)
+    return found
 
 
 async def default_models(redis: Redis, keys: Keys) -> set[str]:

@@ -15,6 +15,13 @@ of it (see docs/reliability.md, "Redis Cluster"):
 - ``replica_reads``: the stream reads (and redis-py's own read commands) go to a
   replica of their slot, so a reader sees only what a replica has — what
   survives its master's death (the gateways' tail, docs/reliability.md).
+
+Every client has a socket timeout and a connect timeout (:func:`timeouts`), so a
+Redis that goes silent (a partition, a frozen host) is noticed instead of waited
+for. redis-py counts a blocking command's wait against the socket timeout too:
+each one asks Redis to block for at most :data:`BLOCK_SLICE_SECONDS`, longer
+waits are made of such slices (:func:`blpop_within`), and pub/sub is read in
+short polls (``holdfast_shared.pubsub``). docs/operations.md lists the timeouts.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+import traceback
+from pathlib import PurePath
 from typing import Any, cast
 
 import redis as sync_redis
@@ -35,6 +45,7 @@ from redis.exceptions import (
     ClusterDownError,
     ConnectionError,
     MasterDownError,
+    OutOfMemoryError,
     RedisClusterException,
     ResponseError,
     SlotNotCoveredError,
@@ -52,6 +63,46 @@ _FAILOVER_ERRORS = (ConnectionError, TimeoutError, ClusterDownError, SlotNotCove
 # Reads of streams, which redis-py 5 does not count among its read commands.
 _STREAM_READS = frozenset({"XREAD", "XRANGE", "XREVRANGE", "XLEN"})
 
+# The longest any blocking command (XREAD/XREADGROUP BLOCK, BLPOP) asks Redis
+# to wait in one call; longer waits are slices of it.
+BLOCK_SLICE_SECONDS = 5.0
+# How far the socket timeout stays above the longest block (or WAIT) at least:
+# a reply due at the end of a block on a busy host is not taken for silence.
+_BLOCK_MARGIN_SECONDS = 1.0
+# Redis reads a timeout that rounds to 0 ms as "block for ever".
+_SHORTEST_BLOCK_SECONDS = 0.01
+
+
+def timeouts() -> tuple[float, float]:
+    """The (socket, connect) timeouts of this process's Redis clients, in seconds:
+    ``HOLDFAST_REDIS_SOCKET_TIMEOUT_SECONDS`` raised, if need be, to
+    :data:`BLOCK_SLICE_SECONDS` or the replica ``WAIT``'s timeout plus a margin,
+    and ``HOLDFAST_REDIS_CONNECT_TIMEOUT_SECONDS``."""
+    from holdfast_shared.settings import get_settings
+
+    settings = get_settings()
+    longest_wait = max(BLOCK_SLICE_SECONDS, settings.redis_wait_timeout_ms / 1000)
+    socket_timeout = max(
+        settings.redis_socket_timeout_seconds, longest_wait + _BLOCK_MARGIN_SECONDS
+    )
+    return socket_timeout, settings.redis_connect_timeout_seconds
+
+
+async def blpop_within(redis: Redis, keys: list[str], within: float) -> tuple[str, str] | None:
+    """``BLPOP keys`` for up to ``within`` seconds, as calls of at most
+    :data:`BLOCK_SLICE_SECONDS` (one long call would outlast the socket timeout):
+    ``(key, value)``, or None when nothing came in time."""
+    deadline = time.monotonic() + within
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        block = max(_SHORTEST_BLOCK_SECONDS, min(left, BLOCK_SLICE_SECONDS))
+        # redis-py types BLPOP's timeout as int; Redis takes fractions of a second.
+        got: list[str] | None = await redis.blpop(keys, timeout=block)  # type: ignore[arg-type,misc]
+        if got is not None:
+            return got[0], got[1]
+
 
 def cluster_enabled() -> bool:
     """``HOLDFAST_REDIS_CLUSTER`` of this process."""
@@ -65,9 +116,39 @@ def is_cluster(redis: Redis) -> bool:
     return isinstance(redis, RedisCluster)
 
 
+def refused_for_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a write at its ``maxmemory`` (``noeviction``):
+    a command's ``OOM`` error, or a script's whose write met it."""
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
+    )
+
+
+def closed_under_redis(exc: BaseException) -> bool:
+    """A redis-py connection closed under a command (its server killed, or a cluster
+    client closing its nodes for a failover while another command used one): redis-py
+    5 to 8.1 let the transport's ``AttributeError``/``TypeError`` out instead of a
+    ConnectionError (redis/redis-py#3546, #4287; fixed after 8.1), and uvloop's
+    ``RuntimeError`` ("the handler is closed"). redis-py drops the connection first,
+    so the command can be sent again."""
+    if not isinstance(exc, AttributeError | TypeError | RuntimeError):
+        return False
+    frames = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    return any(
+        PurePath(name).parts[-3:] == ("redis", "asyncio", "connection.py") for name in frames
+    )
+
+
 def _options(url: str) -> dict[str, Any]:
+    socket_timeout, connect_timeout = timeouts()
+    options: dict[str, Any] = {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+    }
     # TCP keepalive makes no sense on a unix socket, and redis-py refuses it there.
-    return {} if url.startswith("unix://") else {"socket_keepalive": True}
+    if not url.startswith("unix://"):
+        options["socket_keepalive"] = True
+    return options
 
 
 def connect(
@@ -158,7 +239,9 @@ class ClusterClient(RedisCluster):
         while True:
             try:
                 return await super().execute_command(*args, **kwargs)
-            except _FAILOVER_ERRORS as exc:
+            except Exception as exc:
+                if not isinstance(exc, _FAILOVER_ERRORS) and not closed_under_redis(exc):
+                    raise
                 if asyncio.get_running_loop().time() >= deadline:
                     raise
                 log.debug("redis cluster: %s failed (%s); retrying", args[0], exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +22,11 @@ class Settings(BaseSettings):
 
     redis_url: str | None = None
     database_url: str | None = None
+    # PostgreSQL connections each process keeps open between uses (unset: each
+    # service's own figure, 4 to 8). Bursts may still open as many as before; those
+    # above this are closed when returned. Many processes on one server with a
+    # low max_connections (the test suite's engines) set it low.
+    database_pool_size: int | None = Field(default=None, ge=1, le=100)
     # Every Redis key starts with this, so test runs (and several engines on
     # one Redis) never see each other's keys.
     redis_prefix: str = "holdfast:"
@@ -33,6 +38,13 @@ class Settings(BaseSettings):
     # makes the gateways read the streams from replicas (gateway app.py).
     redis_wait_replicas: int = Field(default=0, ge=0, le=16)
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
+    # Every Redis reply is waited for at most this long, and a connection made
+    # in at most the second (every client: holdfast_shared.redisconn): a Redis
+    # that goes silent is noticed, not waited for. Blocking commands wait in
+    # slices under it (redisconn.BLOCK_SLICE_SECONDS, 5 s); the socket timeout
+    # is raised to 1 s above the longest wait if need be (a long WAIT).
+    redis_socket_timeout_seconds: float = Field(default=15.0, ge=6.0, le=600.0)
+    redis_connect_timeout_seconds: float = Field(default=5.0, gt=0, le=600.0)
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".holdfast")
 
     # The event loop of the services (holdfast_shared.runtime): uvloop where it is
@@ -45,6 +57,11 @@ class Settings(BaseSettings):
     # The gateway answers 413 to a request body larger than this, before
     # reading it whole (Content-Length is checked first, then bytes as they come).
     max_body_bytes: int = Field(default=8 * 1024**2, ge=64 * 1024)
+    # The gateway answers 503 UNAVAILABLE (Retry-After) to a request that has
+    # not started its response after this long: a stalled or partitioned store
+    # answers nothing, and nothing may wait forever (deadline.py). An SSE stream
+    # counts until its headers, not for its length.
+    request_timeout_seconds: float = Field(default=30.0, gt=0)
     # Failed API-key checks one client address may make per window; past
     # that its bad keys get 429 with Retry-After instead of 401 (a valid key
     # is still answered: only failures count).
@@ -114,6 +131,10 @@ class Settings(BaseSettings):
     # says so (everyone else's sandbox has none).
     network_agents: list[str] = []
     tool_timeout_seconds: float = 60.0
+    # How many times the loop runs a read-only or idempotent tool call again (same
+    # idempotency key) when its outcome is unknown: its runner died mid-call, its
+    # time ran out. An effectful call is never run again unasked (outcome_unknown).
+    tool_retries: int = Field(default=2, ge=0, le=10)
     # How many tool calls one tool-runner process runs at once.
     tool_concurrency: int = 8
     # Sandboxed processes each tool-runner keeps spawned ahead of the calls that will
@@ -140,14 +161,33 @@ class Settings(BaseSettings):
     # loses at most the files of the turn in flight.
     workspace_archive_on_turn_end: bool = True
 
+    # Every model call's time (holdfast_shared.providers.deadlines), whatever the
+    # provider: until its first event, between two events, and in all. The first
+    # two end the attempt retryably (a hung connection, a server that stalled),
+    # the last for good (a stream that never stops).
+    model_first_event_timeout_seconds: float = Field(default=120.0, gt=0)
+    model_idle_timeout_seconds: float = Field(default=120.0, gt=0)
+    model_call_timeout_seconds: float = Field(default=900.0, gt=0)
+
     # The context engine (loop-worker context/). The model's context window in
-    # tokens; unset: the known window of the turn's model (context/windows.py).
+    # tokens; unset: the known window of the turn's model (context/tokens.py; an
+    # unknown one's is 32,768 until the server refuses a prompt: context/budget.py).
     context_window: int | None = Field(default=None, ge=1024)
     # Before a model call whose context would pass this fraction of the window,
     # the oldest turns are collapsed into a summary.
     compaction_threshold: float = Field(default=0.75, gt=0, lt=1)
     # The model that writes summaries (provider:model); unset: the turn's model.
     compaction_model: str | None = None
+    # The longest answer a model call asks for (max_tokens), always cut to what
+    # the window leaves after the prompt: per agent {"<agent>": n}, else per model
+    # {"provider:model" or "model": n}, else this.
+    max_output_tokens: int = Field(default=4096, ge=256)
+    model_max_output_tokens: dict[str, Annotated[int, Field(ge=256)]] = {}
+    agent_max_output_tokens: dict[str, Annotated[int, Field(ge=256)]] = {}
+    # Models (fnmatch patterns, comma-separated) whose system prompt the openai
+    # provider sends inside the first user message: chat templates that drop
+    # system messages (llama-cpp-python's gemma). Read by the provider itself.
+    openai_system_as_user: str = "*gemma*"
     # A tool result longer than this enters the model's context as its head and
     # tail with a note of what was cut (the event log keeps it whole).
     tool_result_context_chars: int = Field(default=20_000, ge=1000)
@@ -170,6 +210,13 @@ class Settings(BaseSettings):
     learning_claim_idle_seconds: float = Field(default=30.0, gt=0)
     # A trajectory whose learning failed this many times goes to the dead letters.
     learning_max_attempts: int = Field(default=5, ge=1)
+    # Model calls one learning process makes at once; each waits (up to
+    # learning_yield_seconds) while turns are calling the same provider endpoint,
+    # so a local model serves the turns first. Minutes: one turn's call on a small
+    # CPU model takes a minute or more, and an extraction sent meanwhile aborts it
+    # on llama-cpp-python's server (a trial with 60 s lost 3 turns of 10).
+    learning_concurrency: int = Field(default=1, ge=1)
+    learning_yield_seconds: float = Field(default=600.0, ge=0)
     # Raw trajectories are kept this long in PostgreSQL, then archived as
     # compressed NDJSON (one file per day) under trajectory_archive_dir, and the
     # archive files are deleted after trajectory_archive_days.
@@ -200,6 +247,14 @@ class Settings(BaseSettings):
     # tenant, task and server across the task's turns; a stdio server's, which
     # runs in the task's sandbox, is closed when the turn ends).
     asset_session_idle_seconds: float = Field(default=300.0, gt=0)
+    # A stdio server's session (its process, in the task's sandbox) outlives the
+    # turn's end this long without a call, so the task's next turns reuse it; a
+    # pause, a park (a question to the user) or the task's deletion ends it sooner.
+    asset_stdio_idle_seconds: float = Field(default=300.0, gt=0)
+    # A tenant's skill (POST /skills): its files together, SKILL.md included, at
+    # most this many bytes once decompressed (a zip upload is also bounded by
+    # HOLDFAST_MAX_BODY_BYTES as sent).
+    skill_max_bytes: int = Field(default=4 * 1024**2, ge=64 * 1024)
     # Connecting to a server and listing its tools (registration, OAuth callback).
     asset_connect_timeout_seconds: float = Field(default=30.0, gt=0)
     # The gateway's public base URL, for the OAuth redirect URI
@@ -209,6 +264,30 @@ class Settings(BaseSettings):
     # endpoints) beyond public addresses: comma-separated host names and CIDRs,
     # e.g. "127.0.0.1/32,localhost" for a local MCP server (holdfast_shared.outbound).
     outbound_allow: str = ""
+
+    # Completion webhooks (gateway webhooks/): a delivery is tried this many
+    # times, waiting base·2^(attempt-1) seconds (at most cap, with full jitter)
+    # between attempts, each bounded by the timeout; then it is dead-lettered
+    # (GET /webhooks/deliveries?status=failed). Gateways look for due
+    # deliveries every poll interval.
+    webhook_max_attempts: int = Field(default=8, ge=1, le=100)
+    webhook_backoff_base_seconds: float = Field(default=1.0, gt=0)
+    webhook_backoff_cap_seconds: float = Field(default=3600.0, gt=0)
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    webhook_poll_seconds: float = Field(default=0.5, gt=0)
+    # Delivered and failed deliveries are deleted this long after they were made.
+    webhook_retention_days: float = Field(default=30.0, gt=0)
+
+    # Schedules (gateway schedules/): every gateway's scheduler sleeps until the
+    # next due time, at most this long (a schedule created on another gateway is
+    # seen within it); after every gateway was down, catch_up "all" fires at most
+    # the latest catch_up_max missed due times of a schedule.
+    schedule_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    schedule_catch_up_max: int = Field(default=10, ge=1, le=1000)
+    # FOR TESTS ONLY: the scheduler's clock runs this many seconds ahead of the
+    # system's (negative: behind), so a test can put due times and DST changes
+    # seconds away. The rest of the engine keeps the real time.
+    schedule_clock_offset_seconds: float = 0.0
 
     # How many turns one loop-worker process runs at once.
     worker_concurrency: int = 64

@@ -3,14 +3,30 @@
 The loop-worker offers these to the model; the tool-runner executes them.
 ``DEFAULT_PERMISSIONS`` is the policy when an agent sets none: reads run,
 anything that writes or executes asks the user first.
+
+Each tool a tool-runner runs also has an effect class (:data:`Effect`), which
+says what the engine may do when a call's outcome is unknown (its runner died
+mid-call, its timeout passed with no answer): a ``read_only`` or
+``idempotent`` call is run again with the same idempotency key, an
+``effectful`` one never is — a person settles it (``outcome_unknown``).
+``DEFAULT_EFFECTS`` gives the built-ins'; an agent may override them
+(``AgentDefinition.effects``), for ``bash`` also per command pattern.
 """
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Permission = Literal["allow", "ask", "deny"]
+Effect = Literal["read_only", "idempotent", "effectful"]
+EFFECTS: tuple[Effect, ...] = ("read_only", "idempotent", "effectful")
+# What a tool nobody classed is taken for: it may have done anything.
+UNKNOWN_EFFECT: Effect = "effectful"
+# An agent's effect rule for the bash commands matching a glob: ``bash:git status*``.
+BASH_PATTERN_PREFIX = "bash:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,3 +184,29 @@ DEFAULT_PERMISSIONS: dict[str, Permission] = {
     "write_file": "ask",
     "edit_file": "ask",
 }
+
+# The tools a tool-runner runs: what running one twice would do. write_file
+# writes the same content again; edit_file would find its old_string gone (or
+# replace a second one), bash may do anything.
+DEFAULT_EFFECTS: dict[str, Effect] = {
+    "read_file": "read_only",
+    "list_dir": "read_only",
+    "write_file": "idempotent",
+    "edit_file": "effectful",
+    "bash": "effectful",
+}
+
+
+def builtin_effect(tool: str, tool_input: Mapping[str, Any], rules: Mapping[str, Effect]) -> Effect:
+    """The effect class of a call of built-in ``tool`` under an agent's ``rules``:
+    for ``bash``, the first ``bash:<glob>`` rule its command matches; else the
+    rule for the tool, else its default (:data:`UNKNOWN_EFFECT` for any other)."""
+    if tool == BASH.name:
+        command = tool_input.get("command")
+        if isinstance(command, str):
+            for key, effect in rules.items():
+                if key.startswith(BASH_PATTERN_PREFIX) and fnmatch.fnmatchcase(
+                    command, key[len(BASH_PATTERN_PREFIX) :]
+                ):
+                    return effect
+    return rules.get(tool) or DEFAULT_EFFECTS.get(tool, UNKNOWN_EFFECT)

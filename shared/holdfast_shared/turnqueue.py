@@ -48,7 +48,8 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_shared.db.models import Message, Task, Turn
-from holdfast_shared.eventlog import EventLog
+from holdfast_shared.errors import Superseded
+from holdfast_shared.eventlog import EventLog, next_epoch
 from holdfast_shared.events import ThreadLifecycle, UserMessage, body_json
 from holdfast_shared.ids import created_ms
 from holdfast_shared.jobs import TurnJob
@@ -137,6 +138,10 @@ async def start_next(
             return None
         if not await _take_lock(session, lock, task_id, head.id):
             return None
+        # Fences the ``started`` below as the gateway's is: the stale-turn sweep
+        # announces a promoted turn whose promoter died (or stalled) before it
+        # did, moving the epoch on first (recovery._announce_promoted).
+        epoch = await next_epoch(redis, keys, task_id)
         promoted_from = head.status
         try:
             task = await session.get_one(Task, task_id)
@@ -180,7 +185,12 @@ async def start_next(
         # Its turn ended before taking it in: say so where its client looks.
         note = UserMessage(text=text, message_id=head.id, steer=True, applied="next_turn")
         bodies.append((note.type, body_json(note)))
-    await eventlog.append_bodies(task_id, head.id, bodies, name=name)
+    try:
+        await eventlog.append_bodies(task_id, head.id, bodies, name=name, epoch=epoch)
+    except Superseded:
+        # Stalled past the sweep, which announced and queued the turn itself.
+        log.warning("pending turn %s of task %s was started by the sweep", head.id, task_id)
+        return head.id
     job = TurnJob(task_id=task_id, turn_id=head.id, tenant_id=tenant_id, agent=agent, model=model)
     await queue_turn(redis, keys, job)
     log.info("started pending turn %s of task %s (%s)", head.id, task_id, promoted_from)

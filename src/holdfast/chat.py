@@ -3,17 +3,19 @@
 Text streams as it comes, thinking dimmed, tool calls and their results one
 line each; a permission prompt or a question is asked inline and answered
 through the HITL API. The SDK resumes a dropped stream by itself, so a
-flaky connection shows nothing but a pause. The model that answers is named
-as the server reports it: no endpoint says a turn's model before it runs, so
-the header says it comes with the first reply, and each turn's ``usage``
-event names it; a line says so whenever it changes (with what the built-in
-``scripted`` model does, as it answers when no provider key is set). With ``--task`` it continues a
-task, and first follows a turn of it that is still running (answering the
-question it waits on, if any).
+flaky connection shows nothing but a pause. The header names the model that
+will answer before anything is sent: the agent's preferred one where it is
+served, else the default the live loop-workers report (``GET /health``'s
+``subsystems.models``); each
+turn's ``usage`` event names the one that did, and a line says so whenever it
+changes (with what the built-in ``scripted`` model does, as it answers when no
+provider key is set). With ``--task`` it continues a task, and first follows a
+turn of it that is still running (answering the question it waits on, if any).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +41,7 @@ from holdfast_client import (
     UserMessage,
     WorkingMemoryUpdate,
 )
+from holdfast_shared.modelspec import parse_model_spec
 from rich.console import Console
 from rich.text import Text
 
@@ -90,10 +93,14 @@ class Chat:
         where = f"task [bold]{self.task_id}[/]" if self.task_id else "a new task"
         agent = f" with agent [bold]{self.agent}[/]" if self.agent else ""
         self.console.print(f"[bold]holdfast chat[/]: {where}{agent}. [dim]{HELP}[/]")
-        self.console.print(
-            f"[bold]model[/]: the engine's choice for {self.agent or 'the general agent'}, "
-            "named with the first reply. [dim]/model shows it.[/]"
-        )
+        self.model = self._expected_model()
+        if self.model is not None:
+            self._line(self._model_line(self.model))
+        else:
+            self.console.print(
+                f"[bold]model[/]: the engine's choice for {self.agent or 'the general agent'}, "
+                "named with the first reply. [dim]/model shows it.[/]"
+            )
         if self.task_id:
             self._resume_waiting_turn()
         while True:
@@ -116,6 +123,29 @@ class Chat:
                 self.console.print(HELP)
                 continue
             self.send(message)
+
+    def _expected_model(self) -> str | None:
+        """The model a turn of this chat should run on, if the server can say: the
+        agent's preferred one when a live loop-worker serves its provider, else the
+        loop-workers' default when they agree on one. (A gateway's
+        HOLDFAST_AGENT_MODELS can still pick another; the first reply then says so.)"""
+        try:
+            subsystems = self.client.health().get("subsystems") or {}
+            preferred = self.client.get_agent(self.agent).get("model") if self.agent else None
+        except HoldfastError:
+            return None  # named with the first reply, as before
+        models = subsystems.get("models") if isinstance(subsystems, dict) else None
+        if not isinstance(models, dict):
+            return None
+        providers, defaults = models.get("providers") or [], models.get("default") or []
+        if isinstance(preferred, str):
+            with contextlib.suppress(ValueError):
+                spec = parse_model_spec(preferred)
+                if spec.provider in providers:
+                    return str(spec)
+        if len(defaults) == 1 and isinstance(defaults[0], str):
+            return str(defaults[0])
+        return None
 
     def send(self, message: str) -> None:
         """Send one message and show its turn to the end."""
@@ -206,8 +236,7 @@ class Chat:
             self._line(Text(f"… {event.summarized_messages} messages summarised", style="dim"))
         elif isinstance(event, Usage) and event.model and event.model != self.model:
             self.model = event.model
-            note = f" — {SCRIPTED_NOTE}" if event.model.startswith("scripted:") else ""
-            self._line(Text.assemble(("model: ", "bold"), event.model, (note, "dim")))
+            self._line(self._model_line(event.model))
         elif isinstance(event, ErrorEvent):
             self._line(Text(f"error {event.error}: {event.message}", style="bold red"))
         elif isinstance(event, ThreadLifecycle) and event.phase == "errored":
@@ -256,6 +285,11 @@ class Chat:
         if self._open_line:
             self.console.print()
             self._open_line = False
+
+    @staticmethod
+    def _model_line(model: str) -> Text:
+        note = f" — {SCRIPTED_NOTE}" if model.startswith("scripted:") else ""
+        return Text.assemble(("model: ", "bold"), model, (note, "dim"))
 
     def _say(self, style: str, message: str) -> None:
         self._line(Text(message, style=style))

@@ -11,7 +11,11 @@ same data (Redis replays its AOF, PostgreSQL recovers from its WAL) and at
 the same socket, so the services reconnect to the URL they were given and a
 turn in flight resumes. On Ctrl-C or SIGTERM: SIGTERM to every
 service, SIGKILL to those still running after ``STOP_GRACE_SECONDS``, then
-the embedded servers are stopped, and the exit status is 0.
+the embedded servers are stopped, and the exit status is 0. The loop-workers
+drain for ``UP_DRAIN_SECONDS`` (unless ``HOLDFAST_DRAIN_SECONDS`` is set), so a
+turn in flight is snapshotted and handed back well within that grace; the
+gateway ends its open streams at once (``sseresponse.py``), and a client
+reconnects from its cursor after the next start.
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ from holdfast.supervisor_link import SUPERVISOR_PID_ENV
 log = logging.getLogger("holdfast.up")
 
 STOP_GRACE_SECONDS = 10.0
+# Every loop-worker of this machine stops at once, so none is left to take a
+# drained turn over: waiting out the usual 30 s drain only delays the stop (or,
+# past the grace, ends in SIGKILL). A turn still running after this is
+# snapshotted and queued, and the next start resumes it.
+UP_DRAIN_SECONDS = "2"
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
 # A service that ran this long before dying is restarted without waiting.
@@ -124,6 +133,7 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
             ),
             "HOLDFAST_REDIS_URL": redis_url,
             "HOLDFAST_DATABASE_URL": database_url,
+            "HOLDFAST_DRAIN_SECONDS": os.environ.get("HOLDFAST_DRAIN_SECONDS", UP_DRAIN_SECONDS),
             SUPERVISOR_PID_ENV: str(os.getpid()),
             # Service logs pass through a pipe; without this they arrive in bursts.
             "PYTHONUNBUFFERED": "1",

@@ -13,8 +13,10 @@ the previous turn's terminal event (``GET /execute/replay``, bounded in
 time); this client is the only writer of its task and sends one message per
 turn, so a ``started`` event there with a turn id it does not know is this
 message's turn, and the client follows it. Only when there is none does it
-POST again. (A turn row whose ``started`` was never logged is caught by the
-end-of-run checks against PostgreSQL.)
+POST again, with the message's ``Idempotency-Key``: should the first POST
+land after all (its gateway stalled), the engine starts one turn for both.
+(A turn row whose ``started`` was never logged is caught by the end-of-run
+checks against PostgreSQL.)
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class Turn:
     broken: int = 0  # connections that failed under the client
     hitl_request_id: str | None = None
     hitl_answered: bool = False
+    # outcome_unknown requests (an effectful call whose runner was killed mid-run,
+    # #26): never hidden from the client; each is answered "failed" at once.
+    unknown_outcomes: list[str] = field(default_factory=list)
+    settling: str | None = None
     violations: list[str] = field(default_factory=list)
 
 
@@ -130,6 +136,10 @@ class TaskClient:
                 )
                 self.blocked = "a turn never ended"
                 return
+            if turn.settling is not None:
+                await self._answer(turn, deadline, turn.settling, "failed")
+                turn.settling = None
+                continue
             if turn.hitl_request_id and not turn.hitl_answered:
                 # The driver restarts everything once every prompt is out.
                 try:
@@ -137,7 +147,8 @@ class TaskClient:
                         await self.hitl_gate.wait()
                 except TimeoutError:
                     pass
-                await self._answer(turn, deadline)
+                await self._answer(turn, deadline, turn.hitl_request_id, "yes")
+                turn.hitl_answered = True
                 continue
             url = await self._gateway()
             if url is None:
@@ -187,7 +198,15 @@ class TaskClient:
             lose = random.random() < self.lost_response_chance
             give_up = time.monotonic() + random.uniform(0.0, 0.05) if lose else deadline
             read = await self._read(
-                turn, "POST", f"{url}/execute", deadline=give_up, json=body, post=True
+                turn,
+                "POST",
+                f"{url}/execute",
+                deadline=give_up,
+                json=body,
+                post=True,
+                # The message's key: a POST that lands late (its gateway stalled)
+                # after this client sent the message again starts no second turn.
+                headers={"Idempotency-Key": turn.token},
             )
             if lose and read.status is None:
                 turn.lost_responses += 1
@@ -266,7 +285,7 @@ class TaskClient:
             await asyncio.sleep(0.2)  # the log could not be read; try again
         return None
 
-    async def _answer(self, turn: Turn, deadline: float) -> None:
+    async def _answer(self, turn: Turn, deadline: float, request_id: str, answer: str) -> None:
         while time.monotonic() < deadline:
             url = await self._gateway()
             if url is None:
@@ -276,8 +295,8 @@ class TaskClient:
                     f"{url}/hitl/respond",
                     json={
                         "task_id": self.task_id,
-                        "request_id": turn.hitl_request_id,
-                        "answer": "yes",
+                        "request_id": request_id,
+                        "answer": answer,
                     },
                     headers={"X-Engine-Key": self.key},
                 )
@@ -288,11 +307,9 @@ class TaskClient:
             error = response.json().get("error") if response.status_code != 200 else None
             # Answered by an earlier attempt whose response was lost: also fine.
             if response.status_code == 200 or error == "HITL_ALREADY_ANSWERED":
-                turn.hitl_answered = True
                 return
             if response.status_code < 500:
                 turn.violations.append(f"/hitl/respond answered {response.status_code}: {error}")
-                turn.hitl_answered = True
                 return
             await asyncio.sleep(0.2)
 
@@ -390,6 +407,11 @@ class TaskClient:
         if data["type"] == "thread_lifecycle" and data["phase"] in TERMINAL_PHASES:
             turn.terminal_phase = data["phase"]
             return True
+        if data["type"] == "hitl_request" and data.get("kind") == "outcome_unknown":
+            if data["request_id"] not in turn.unknown_outcomes:
+                turn.unknown_outcomes.append(data["request_id"])
+                turn.settling = data["request_id"]
+            return turn.settling is not None
         if data["type"] == "hitl_request" and not turn.hitl_answered:
             if turn.hitl_request_id is None:
                 turn.hitl_request_id = data["request_id"]

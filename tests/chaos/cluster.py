@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import secrets
+import signal
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,7 +44,10 @@ class ChaosCluster:
     kills: Counter[str] = field(default_factory=Counter)
     crashes: list[str] = field(default_factory=list)  # processes that died on their own
     errors: list[str] = field(default_factory=list)
+    stalls: Counter[str] = field(default_factory=Counter)  # SIGSTOPs, by kind
+    spared: set[int] = field(default_factory=set)  # pids kill_and_replace never picks
     _starting: set[asyncio.Task[None]] = field(default_factory=set)
+    _stopped: dict[int, str] = field(default_factory=dict)  # pid -> name, SIGSTOPped now
 
     @property
     def env(self) -> dict[str, str]:
@@ -107,8 +112,43 @@ class ChaosCluster:
         urls = self.gateway_urls()
         return random.choice(urls) if urls else None
 
+    # -- stalling --------------------------------------------------------------
+    def stall(self, kind: str) -> int | None:
+        """SIGSTOP a random live process of ``kind`` (or ``redis``); its pid, or None.
+
+        The caller owes it a :meth:`wake`; a kill or restart of it wakes it
+        first, so nothing is ever left stopped.
+        """
+        if kind == "redis":
+            pid, name = self.redis.pid, "redis-server"
+        else:
+            alive = [p for p in self.of(kind) if p.alive]
+            proc = random.choice(alive) if alive else None
+            pid, name = (proc.pid, proc.name) if proc else (None, "")
+        if pid is None or self._stopped:  # one stall at a time
+            return None
+        os.kill(pid, signal.SIGSTOP)
+        self._stopped[pid] = name
+        self.stalls[kind] += 1
+        return pid
+
+    def wake(self, pid: int | None = None) -> None:
+        """SIGCONT ``pid`` (every stopped process when None), if it is still stopped by us.
+
+        Only pids still in the table are signalled: one killed since was
+        woken then and forgotten, and its pid may belong to another process now.
+        """
+        for stopped in [pid] if pid is not None else list(self._stopped):
+            if self._stopped.pop(stopped, None) is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(stopped, signal.SIGCONT)
+
+    def stopped_name(self, pid: int) -> str:
+        return self._stopped.get(pid, "?")
+
     # -- killing ---------------------------------------------------------------
     async def kill(self, proc: Process, *, count: bool = True) -> None:
+        self.wake(proc.pid)  # out of the stopped table before its pid can be reused
         self.engine.kill(proc)  # SIGKILL and reap: a moment
         if count:
             self.kills[SHORT[proc.kind]] += 1
@@ -121,19 +161,22 @@ class ChaosCluster:
         that, on purpose, once).
         """
         ready = [p for p in self.of(kind) if p.ready and p.alive]
-        if len(ready) < 2:
+        victims = [p for p in ready if p.pid not in self.spared]
+        if len(ready) < 2 or not victims:
             return False
-        await self.kill(random.choice(ready))
+        await self.kill(random.choice(victims))
         await self.start(kind, wait=False)
         return True
 
     async def restart_redis(self, outage_seconds: float) -> None:
+        self.wake()
         self.kills["redis"] += 1
         await asyncio.to_thread(self.engine.restart_redis, outage_seconds)
 
     async def full_restart(self) -> None:
         """SIGKILL every engine process and Redis at once, then start everything again."""
         gateways, workers, runners = (len(self.of(k)) for k in ("gateway", "worker", "runner"))
+        self.wake()
         self.engine.kill_all()
         await asyncio.to_thread(self.engine.restart_redis)
         await self.start_all(gateways, workers, runners)
@@ -145,6 +188,7 @@ class ChaosCluster:
             code = proc.popen.poll()
             if code is not None:
                 found.append(f"{proc.name} exited with {code}")
+                self.wake(proc.pid)
                 self.engine.kill(proc)  # gone already: only forgotten
                 await self.start(SHORT[proc.kind], wait=False)
         self.crashes += found
@@ -155,6 +199,7 @@ class ChaosCluster:
         return next((p for p in self.of("worker") if p.ident == lease_owner), None)
 
     async def stop(self) -> None:
+        self.wake()
         for task in self._starting:
             task.cancel()
         await asyncio.to_thread(self.engine.close)

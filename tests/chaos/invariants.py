@@ -32,6 +32,7 @@ class Findings:
     discard_ranges_with_started: int = 0
     tool_ok: int = 0
     tool_failed: int = 0
+    unknown_outcomes: int = 0
     errored_turns: int = 0
 
     def add(self, kind: str, message: str) -> None:
@@ -126,13 +127,23 @@ def _check_log(
     if any(b["timestamp"] <= a["timestamp"] for a, b in itertools.pairwise(events)):
         found.add("log", f"{task_id}: timestamps do not strictly increase")
     if archived != list(zip(seqs, raw, strict=True)):
-        found.add("archive", f"{task_id}: the PostgreSQL copy differs from the log")
+        logged = dict(zip(seqs, raw, strict=True))
+        kept = dict(archived)
+        differ = [s for s in sorted(set(logged) | set(kept)) if logged.get(s) != kept.get(s)]
+        first = differ[0]
+        found.add(
+            "archive",
+            f"{task_id}: the PostgreSQL copy differs from the log at {len(differ)} seqs "
+            f"{differ[:5]}; at {first}: log {str(logged.get(first))[:160]} / "
+            f"PostgreSQL {str(kept.get(first))[:160]}",
+        )
     by_seq = dict(zip(seqs, raw, strict=True))
     known = {t.turn_id for t in turns if t.turn_id}
     unknown = Counter(e["turn_id"] for e in events if e["turn_id"] and e["turn_id"] not in known)
     for turn_id, count in unknown.items():
         # A turn no client message of this run was answered with: a message run twice?
         found.add("log", f"{task_id}: {count} events of turn {turn_id}, which no client started")
+    _check_writers(found, task_id, events)
     ok_tokens: set[str] = set()
     for turn in turns:
         if turn.turn_id is not None:
@@ -140,6 +151,38 @@ def _check_log(
             if _check_turn(found, turn, mine, by_seq):
                 ok_tokens.add(turn.token)
     return ok_tokens
+
+
+def _check_writers(found: Findings, task_id: str, events: list[dict[str, Any]]) -> None:
+    """One writer at a time: each turn's events lie between its ``started`` and its end,
+    and turns of a task do not overlap.
+
+    A worker that stalled past its lease and woke up after another took its
+    turn over (or after the turn ended and the next began) would log outside
+    those bounds; its appends must be refused (fenced) instead.
+    """
+    spans: dict[str, list[int]] = {}
+    for e in events:
+        if e["turn_id"]:
+            spans.setdefault(e["turn_id"], []).append(e["seq"])
+    bounds: list[tuple[int, int, str]] = []
+    for turn_id, seqs in spans.items():
+        mine = [e for e in events if e["turn_id"] == turn_id]
+        starts = [e["seq"] for e in mine if _phase(e) == "started"]
+        ends = [e["seq"] for e in mine if _phase(e) in TERMINAL]
+        if not starts or not ends:
+            continue  # the "terminal" check reports it
+        outside = [s for s in seqs if s < min(starts) or s > max(ends)]
+        if outside:
+            found.add("writer", f"{task_id}: turn {turn_id} logged {outside[:5]} outside its span")
+        bounds.append((min(starts), max(ends), turn_id))
+    for (_, end, a), (start, _, b) in itertools.pairwise(sorted(bounds)):
+        if start < end:
+            found.add("writer", f"{task_id}: turn {b} started (seq {start}) before {a} ended")
+
+
+def _phase(event: dict[str, Any]) -> str | None:
+    return event.get("phase") if event["type"] == "thread_lifecycle" else None
 
 
 def _check_turn(
@@ -180,9 +223,19 @@ def _check_turn(
             missing = sorted(set(wanted) - set(got))
             differ = [s for s in got if got[s] != wanted.get(s)]
             found.add("client-view", f"{name}: missing {missing[:5]}, different {differ[:5]}")
+    # An effectful call whose runner was killed mid-run (#26): never hidden, always
+    # asked about, and the model still sees one result (the "tools" check below).
+    unknown = [e for e in mine if e["type"] == "tool_outcome_unknown"]
+    settles = [
+        e for e in mine if e["type"] == "hitl_request" and e.get("kind") == "outcome_unknown"
+    ]
+    found.unknown_outcomes += len(unknown)
+    if len(settles) != len(unknown):
+        found.add("unknown-outcomes", f"{name}: {len(unknown)} unknown, {len(settles)} asked")
     if turn.agent is not None:  # its permission prompt: asked once, answered once ("yes")
-        asked = [e for e in mine if e["type"] == "hitl_request"]
-        answered = [e for e in mine if e["type"] == "hitl_resolved"]
+        asked = [e for e in mine if e["type"] == "hitl_request" and e.get("kind") == "permission"]
+        prompts = {e["request_id"] for e in asked}
+        answered = [e for e in mine if e["type"] == "hitl_resolved" and e["request_id"] in prompts]
         if len(asked) != 1 or len(answered) != 1 or answered[0].get("answer") != "yes":
             found.add("hitl", f"{name}: {len(asked)} prompts, answers {answered}")
     results = [e for e in mine if e["type"] == "tool_result"]
@@ -212,10 +265,10 @@ def _check_text(
     text = visible_text(mine)
     rest = text.removeprefix(turn.text)
     ok = rest != text or not turn.text
+    summary = [{k: r[k] for k in ("output", "error") if r.get(k) is not None} for r in results]
     if ok and turn.tool:
         # The model answers a tool result with "Tool results: <json>"; the JSON
         # went through PostgreSQL (JSONB), so its keys may come in another order.
-        summary = [{k: r[k] for k in ("output", "error") if r.get(k) is not None} for r in results]
         prefix = "Tool results: "
         try:
             ok = rest.startswith(prefix) and json.loads(rest[len(prefix) :]) == summary
@@ -228,7 +281,8 @@ def _check_text(
         found.add(
             "text",
             f"{name}: visible text ({len(text)} chars) is not the script's "
-            f"({len(turn.text)} + tool answer); turn_resumed (seq, from, to): {ranges}",
+            f"({len(turn.text)} + tool answer); turn_resumed (seq, from, to): {ranges}; "
+            f"after the script's text: {rest[:100]!r}; logged results: {str(summary)[:100]}",
         )
 
 

@@ -12,7 +12,10 @@ reconnect with a seq cursor (``after_seq`` or ``Last-Event-ID``) to either
 gateway, and now and then give up on a POST before its response. The first
 turn of 4 tasks asks permission (agent ``coder``); once every prompt is out
 the driver (``driver.py``) SIGKILLs every process and Redis and starts them
-again, and only then are the prompts answered.
+again, and only then are the prompts answered. Between the kills, a random
+tool-runner is stalled (SIGSTOP, 1-8 s, SIGCONT); a gateway too with
+``HOLDFAST_CHAOS_STALL_GATEWAYS=1``, a loop-worker with ``HOLDFAST_CHAOS_STALL_WORKERS=1``,
+Redis with ``HOLDFAST_CHAOS_STALL_REDIS=1`` (see ``driver.stall_kinds``).
 
 The invariants (``invariants.py``) and the figures of the last run are in
 docs/reliability.md. Run with ``-s`` to see the figures; on failure the logs,
@@ -22,7 +25,6 @@ turn rows and snapshots are left next to the process logs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -35,14 +37,13 @@ from typing import Any
 
 import httpx
 import pytest
-from httpx_sse import aconnect_sse
-from redis.asyncio import Redis
 
 from holdfast.testing import time_scale
 from tests.chaos.client import TaskClient, Turn
 from tests.chaos.cluster import ASKER, ChaosCluster, chaos_env, running_cluster
-from tests.chaos.driver import Driver, Schedule
+from tests.chaos.driver import Driver, Schedule, stall_kinds
 from tests.chaos.invariants import check, dump
+from tests.chaos.logs import final_logs, superseded_writers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -68,6 +69,11 @@ SCHEDULE = Schedule(
     full_restart_window=(25.0, 60.0),
     redis_outage=(0.5, 2.0),
     counts=COUNTS,
+    # A stall every ~10 s (its 1-8 s included): about 20 in a run, most of them
+    # past the 2 s lease. Stalling Redis stalls every process, so more would
+    # mostly stretch the run.
+    stall_every=(3.0, 7.0),
+    stall_kinds=stall_kinds(),
 )
 
 
@@ -108,55 +114,6 @@ async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ChaosClust
     env = chaos_env(database_url, tmp_path / "workspaces")
     async with running_cluster(tmp_path, env, **{f"{k}s": n for k, n in COUNTS.items()}) as c:
         yield c
-
-
-async def read_log(http: httpx.AsyncClient, url: str, key: str, task_id: str) -> list[str]:
-    """The task's whole log as raw JSON, through a gateway (replay from 0).
-
-    A turn still running is followed for 20 s at most: then what came is kept.
-    """
-    out: list[str] = []
-    with contextlib.suppress(TimeoutError):
-        async with (
-            asyncio.timeout(20),
-            aconnect_sse(
-                http,
-                "GET",
-                f"{url}/execute/replay",
-                params={"task_id": task_id, "after": 0},
-                headers={"X-Engine-Key": key},
-            ) as source,
-        ):
-            if source.response.status_code != 200:
-                return out
-            async for sse in source.aiter_sse():
-                if sse.event != "heartbeat":
-                    out.append(sse.data)
-    return out
-
-
-async def final_logs(
-    http: httpx.AsyncClient, cluster: ChaosCluster, key: str, ids: list[str]
-) -> dict[str, list[str]]:
-    """Every task's log once the archiver caught up (bounded retries per task)."""
-    redis = Redis.from_url(cluster.redis.url)
-    try:
-        for _ in range(200):
-            if not await redis.zcard(f"{cluster.env['HOLDFAST_REDIS_PREFIX']}archive:dirty"):
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        await redis.aclose()
-    logs: dict[str, list[str]] = {}
-    for task_id in ids:
-        logs[task_id] = []
-        for _ in range(5):
-            try:
-                logs[task_id] = await read_log(http, cluster.pick_gateway() or "", key, task_id)
-                break
-            except httpx.HTTPError:
-                await asyncio.sleep(0.5)
-    return logs
 
 
 async def test_chaos(cluster: ChaosCluster, api_keys: dict[str, str], database_url: str) -> None:
@@ -231,6 +188,10 @@ async def test_chaos(cluster: ChaosCluster, api_keys: dict[str, str], database_u
         "SIGKILL loop-worker / tool-runner / gateway": (
             f"{cluster.kills['worker']} / {cluster.kills['runner']} / {cluster.kills['gateway']}"
         ),
+        "SIGSTOP 1-8 s loop-worker / tool-runner / gateway / Redis": " / ".join(
+            str(cluster.stalls[k]) for k in ("worker", "runner", "gateway", "redis")
+        ),
+        "stalled workers refused after a takeover": superseded_writers(cluster),
         "Redis crashes (kill -9, AOF restart)": driver.redis_crashes,
         "full restarts (all processes + Redis)": driver.full_restarts,
         "HITL prompts answered after the full restart": driver.hitl_across_restart,
@@ -246,7 +207,8 @@ async def test_chaos(cluster: ChaosCluster, api_keys: dict[str, str], database_u
         "discard ranges / reaching back to started": (
             f"{found.discard_ranges} / {found.discard_ranges_with_started}"
         ),
-        "tool calls ok / failed or interrupted": f"{found.tool_ok} / {found.tool_failed}",
+        "tool calls ok / failed or settled": f"{found.tool_ok} / {found.tool_failed}",
+        "outcomes unknown (each asked about, settled failed)": str(found.unknown_outcomes),
         "load / total seconds": f"{load_seconds:.0f} / {time.monotonic() - began:.0f}",
         "violations": len(found.violations),
     }

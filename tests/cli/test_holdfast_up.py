@@ -260,3 +260,92 @@ async def test_an_embedded_server_that_dies_is_restarted_on_its_data(
         assert again.text == "You said: after Earlier you said: before"
     finally:
         stop_up(proc)
+
+
+async def _held_open(
+    client: httpx.AsyncClient, method: str, url: str, opened: asyncio.Event, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """Read an SSE stream until the server ends it; ``opened`` is set at its first frame."""
+    events: list[dict[str, Any]] = []
+    # A stream the server cuts off may end without the chunked body's last
+    # chunk: that is an end too, the client reconnects from its cursor.
+    with contextlib.suppress(httpx.RemoteProtocolError, httpx.ReadError):
+        async with client.stream(method, url, headers={"X-Engine-Key": KEY}, **kwargs) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                opened.set()
+                if line.startswith("data: "):
+                    event = json.loads(line[len("data: ") :])
+                    if event["type"] != "heartbeat":
+                        events.append(event)
+    return events
+
+
+_SERVICES_STOPPED = "All services stopped."
+
+
+def _services_stopped(proc: subprocess.Popen[bytes], log: Path, before: int) -> float:
+    """Seconds until ``holdfast up`` says its services stopped (or it exits): its
+    output goes to a file, read until the line is there."""
+    started = time.monotonic()
+    while log.read_text().count(_SERVICES_STOPPED) == before and proc.poll() is None:
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def test_ctrl_c_is_not_held_by_open_streams_or_a_running_turn(tmp_path: Path) -> None:
+    """Ctrl-C with a turn streaming and a console-like ``follow=task`` stream open: the
+    gateway ends both streams at once and the loop-worker hands the turn back after a
+    short drain, well within the services' stop grace; the next start finishes the turn.
+    """
+    data_dir, log = tmp_path / "data", tmp_path / "up.log"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start_up(data_dir, port, log)
+    long = "/script " + json.dumps({"text": "k ", "deltas": 300, "delay_ms": 50})
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=None)) as client:
+            turn_open, follow_open = asyncio.Event(), asyncio.Event()
+            turn = asyncio.create_task(
+                _held_open(
+                    client, "POST", f"{base}/execute", turn_open,
+                    json={"message": long, "task_id": "long"},
+                )
+            )  # fmt: skip
+            await asyncio.wait_for(turn_open.wait(), 30 * time_scale())
+            follow = asyncio.create_task(
+                _held_open(
+                    client, "GET", f"{base}/execute/replay", follow_open,
+                    params={"task_id": "long", "after_seq": 0, "follow": "task"},
+                )
+            )  # fmt: skip
+            await asyncio.wait_for(follow_open.wait(), 30 * time_scale())
+
+            stops_before = log.read_text().count(_SERVICES_STOPPED)
+            proc.send_signal(signal.SIGINT)
+            took = await asyncio.to_thread(_services_stopped, proc, log, stops_before)
+            status = await asyncio.to_thread(proc.wait, 60)
+            # Both streams ended with the gateway, neither was left hanging.
+            streamed, followed = await asyncio.wait_for(asyncio.gather(turn, follow), 10)
+    finally:
+        if proc.poll() is None:
+            stop_up(proc)
+    assert status == 0
+    # The services' grace is 10 s (supervisor.STOP_GRACE_SECONDS): a stop held by a
+    # stream or a draining turn would reach it; the bound scales with the machine.
+    # Timed to the services' stop: the embedded servers' own (PostgreSQL's shutdown
+    # checkpoint) follows, and on a busy disk it is no measure of what this tests.
+    shown = log.read_text()
+    stopping = shown[shown.rfind("Ctrl-C to stop") :]
+    assert "did not stop within" not in shown, stopping
+    bound = 8 * time_scale()
+    assert took < bound, f"Ctrl-C took {took:.1f} s (bound {bound:.1f} s):\n{stopping}"
+    assert streamed and followed
+
+    proc = start_up(data_dir, port, log)
+    try:
+        rest = await _finish_of(base, "long", streamed[-1]["seq"], 120 * time_scale())
+    finally:
+        stop_up(proc)
+    assert rest[-1]["phase"] == "completed"
+    assert _text_as_shown(streamed + rest).count("k") == 300

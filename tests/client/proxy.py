@@ -4,8 +4,9 @@ Each connection it accepts goes to the gateway; of the first ``cuts`` ones,
 the answer is forwarded for a random number of bytes, then both sides are
 aborted (an RST, no clean end), the way a flaky network or a restarted load
 balancer drops a stream. A ``POST`` (a turn being started) is cut only after
-its response headers went through: before them the client cannot know
-whether the turn started, and is right not to guess (see the SDK's
+its response headers went through, unless ``posts_before_headers``: then the
+engine has the request (and may have started the turn) while the client gets
+nothing, and must send it again with its Idempotency-Key (the SDK's
 ``Resumer.lost``). It runs its own event loop in a thread, so blocking and
 asyncio clients can both use it.
 """
@@ -25,9 +26,16 @@ _HEADERS_END = b"\r\n\r\n"
 
 class CuttingProxy:
     def __init__(
-        self, upstream_port: int, *, cuts: int, max_bytes: int = 3000, seed: int = 0
+        self,
+        upstream_port: int,
+        *,
+        cuts: int,
+        max_bytes: int = 3000,
+        seed: int = 0,
+        posts_before_headers: bool = False,
     ) -> None:
         self._upstream_port = upstream_port
+        self._posts_before_headers = posts_before_headers
         self._rng = random.Random(seed)
         self._max_bytes = max_bytes
         self.cuts_left = cuts
@@ -91,6 +99,9 @@ class CuttingProxy:
             head = b""
             headers_done = not posting
             while data := await up_r.read(65536):
+                if budget is not None and posting and self._posts_before_headers:
+                    self.cuts_made += 1
+                    return  # the engine answered: the client never hears it
                 if budget is not None:
                     if not headers_done:
                         head += data

@@ -90,13 +90,12 @@ def test_chat_streams_asks_permission_and_continues_a_task(
     engine: EngineProcesses, terminal: Callable[..., Terminal]
 ) -> None:
     term = terminal(engine.url)
-    # The header says which model answers comes with the first reply; then it is named.
+    # The header names the model before anything is sent (the loop-workers' default,
+    # from GET /health), with what the scripted one does; the first reply agrees.
     screen = term.wait_for(lambda s: "you>" in s)
-    header = "model: the engine's choice for the general agent, named with the first reply"
-    assert header in screen, screen
+    assert "model: scripted:scripted — the built-in scripted model" in screen, screen
     term.type("hello from tmux")
     screen = term.wait_for(lambda s: "You said: hello from tmux" in s and s.count("you>") == 2)
-    assert "model: scripted:scripted — the built-in scripted model" in screen, screen
     assert screen.count("model: scripted:scripted") == 1, screen
     term.type("/model")
     term.wait_for(lambda s: "/model\nscripted:scripted\n" in s and s.count("you>") == 3)
@@ -121,6 +120,30 @@ def test_chat_streams_asks_permission_and_continues_a_task(
     again.wait_for(lambda s: "you>" in s)
     again.type("and now?")
     again.wait_for(lambda s: "You said: and now? Earlier you said: /script" in s)
+
+
+def test_chat_names_the_agents_model_in_its_header(
+    engine: EngineProcesses, tenant_keys: dict[str, str], terminal: Callable[..., Terminal]
+) -> None:
+    # An agent's preferred model, served by a loop-worker (the scripted provider),
+    # is the one its turns run on: the header says so before anything is sent.
+    name = f"picky-{secrets.token_hex(3)}"
+    with Client(engine.url, tenant_keys["main"]) as client:
+        client.create_agent(
+            {
+                "name": name,
+                "description": "answers with its own model",
+                "system_prompt": "Answer briefly.",
+                "model": "scripted:picked-by-the-agent",
+            }
+        )
+    term = terminal(engine.url, "--agent", name)
+    screen = term.wait_for(lambda s: "you>" in s)
+    assert "model: scripted:picked-by-the-agent" in screen, screen
+    term.type("hello")
+    screen = term.wait_for(lambda s: "You said: hello" in s and s.count("you>") == 2)
+    # The reply ran on it: no second model line.
+    assert screen.count("model: scripted:") == 1, screen
 
 
 def test_chat_rides_out_dropped_connections(

@@ -126,12 +126,15 @@ def test_reconnect_waits_honour_retry_and_back_off() -> None:
     with pytest.raises(HoldfastError) as lost:
         r.lost(boom)
     assert lost.value.code == "CONNECTION_LOST" and lost.value.details["last_seq"] == 5
-    # A POST that dropped before its answer may have started a turn: never sent twice.
+    # A POST that dropped before its answer may have started a turn: it is sent
+    # again with its Idempotency-Key, which the engine runs once.
     post = Resumer(body={"message": "hi"})
-    with pytest.raises(HoldfastError) as unsure:
-        post.lost(httpx.ReadError("gone"))
-    assert unsure.value.code == "CONNECTION_LOST"
-    assert post.lost(httpx.ConnectError("refused")) == 0.5  # nothing was sent
+    first = post.request()
+    assert post.lost(httpx.ReadError("gone")) == 0.5
+    again = post.request()
+    assert (first.method, again.method) == ("POST", "POST")
+    assert first.headers == again.headers == {"Idempotency-Key": post.idempotency_key}
+    assert Resumer(body={"message": "hi"}).idempotency_key != post.idempotency_key
 
 
 # -- against an engine -------------------------------------------------------------------
@@ -273,6 +276,27 @@ def test_replay_resumes_through_cuts_too(engine: EngineProcesses, api_keys: dict
     assert proxy.cuts_made >= 4
     truth = logged(engine.url, key, turn.task_id)
     assert [e.seq for e in replayed] == [e.seq for e in truth] == list(range(1, len(truth) + 1))
+
+
+def test_a_post_whose_answer_was_lost_is_sent_again_and_runs_once(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    """The engine got the POST and started the turn, twice the client heard
+    nothing; its third send (same Idempotency-Key) streams that one turn."""
+    task = f"sdk-idem-{secrets.token_hex(4)}"
+    with (
+        CuttingProxy(port_of(engine.url), cuts=2, posts_before_headers=True) as proxy,
+        Client(proxy.url, api_keys["main"], reconnect=Reconnect(0.05, 0.2, 5)) as client,
+    ):
+        turn = client.stream("only once", task_id=task)
+        events = list(turn)
+        assert proxy.cuts_made == 2
+    with Client(engine.url, api_keys["main"]) as client:
+        log = list(client.replay(task))
+    started = [e for e in log if isinstance(e, ThreadLifecycle) and e.phase == "started"]
+    assert len(started) == 1 and started[0].turn_id == turn.turn_id
+    assert [e.seq for e in events] == [e.seq for e in log]
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "You said: only once"
 
 
 def test_a_stream_stops_reconnecting_when_told_to(

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from holdfast_shared.redisconn import connect
 
 from holdfast.testing import NotReady, Process
 from holdfast.testing.cluster import RedisClusterServers
@@ -33,7 +32,8 @@ from tests.chaos.client import TaskClient, Turn
 from tests.chaos.cluster import ASKER, ChaosCluster, chaos_env
 from tests.chaos.driver import Driver, Schedule
 from tests.chaos.invariants import check, dump
-from tests.chaos.test_chaos import plan, read_log
+from tests.chaos.logs import final_logs
+from tests.chaos.test_chaos import plan
 from tests.processes import engine_from_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -118,31 +118,6 @@ async def chaos(
         print(f"\nprocess logs: {engine.log_dir}")
 
 
-async def final_logs(
-    http: httpx.AsyncClient, cluster: ClusterChaos, key: str, ids: list[str]
-) -> dict[str, list[str]]:
-    """Every task's log once the archiver caught up (bounded retries per task)."""
-    assert cluster.servers is not None
-    redis = connect(cluster.servers.url, cluster=True)
-    try:
-        for _ in range(200):
-            if not await redis.zcard(f"{cluster.env['HOLDFAST_REDIS_PREFIX']}archive:dirty"):
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        await redis.aclose()
-    logs: dict[str, list[str]] = {}
-    for task_id in ids:
-        logs[task_id] = []
-        for _ in range(5):
-            try:
-                logs[task_id] = await read_log(http, cluster.pick_gateway() or "", key, task_id)
-                break
-            except httpx.HTTPError:
-                await asyncio.sleep(0.5)
-    return logs
-
-
 async def test_chaos_on_a_cluster_with_masters_killed(
     chaos: ClusterChaos, api_keys: dict[str, str], database_url: str
 ) -> None:
@@ -184,7 +159,8 @@ async def test_chaos_on_a_cluster_with_masters_killed(
             await driving
         await driver.supervise()
         await chaos.until_ready()
-        logs = await final_logs(http, chaos, key, list(tasks))
+        assert chaos.servers is not None
+        logs = await final_logs(http, chaos, key, list(tasks), redis_cluster_url=chaos.servers.url)
 
     found = await check(tasks, logs, Path(chaos.env["HOLDFAST_WORKSPACE_ROOT"]), database_url)
     for client in clients:

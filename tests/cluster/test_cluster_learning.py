@@ -20,11 +20,14 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast.testing.cluster import Node, RedisClusterServers
+from holdfast.testing.timescale import scaled
 from tests.conftest import engine_env
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# Each phase below has a bound of its own, well inside this one, so a stuck phase
+# fails with the engine's logs and the test's own clean-up still runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -44,17 +47,32 @@ def learning_engine(
         yield procs
 
 
+@pytest.fixture(autouse=True)
+def whole_cluster(redis_cluster: RedisClusterServers) -> Iterator[None]:
+    """Every node back up after each test, even one that failed before its own
+    restart: the next test (and module) starts on the whole cluster."""
+    yield
+    redis_cluster.heal()
+
+
 async def _learned(
     engine: EngineProcesses, key: str, sessions: Sessions, within: float = 45
 ) -> None:
     """A turn whose trajectory the learning centre then takes in."""
     async with httpx.AsyncClient(timeout=60) as client:
-        got = await execute(
-            client,
-            engine.url,
-            key,
-            {"message": "My parcel went to depot 7.", "user_id": f"u-{secrets.token_hex(4)}"},
-        )
+        try:
+            async with asyncio.timeout(scaled(60)):
+                got = await execute(
+                    client,
+                    engine.url,
+                    key,
+                    {
+                        "message": "My parcel went to depot 7.",
+                        "user_id": f"u-{secrets.token_hex(4)}",
+                    },
+                )
+        except TimeoutError:
+            pytest.fail(f"the turn did not end:\n{engine.log_tail(*engine.processes, lines=40)}")
     turn_id = str(got.events[0]["turn_id"])
     deadline = time.monotonic() + within
     while True:

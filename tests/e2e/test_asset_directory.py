@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from tests.oauth_stand_in import ProtectedNotes
 from tests.processes import EngineProcesses, running_engine
 from tests.sse_client import execute
 from tests.taskids import engine_task_id
-from tests.waiting import logged, types, until, until_logged
+from tests.waiting import logged, until, until_logged
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -194,22 +195,43 @@ def engine(
     everything: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EngineProcesses]:
-    """An engine whose stdio MCP servers may read the reference server's install."""
-    env = engine_env(
-        redis_url,
-        database_url,
-        f"{redis_prefix}assets:",
-        HOLDFAST_LOG_LEVEL="INFO",
-        HOLDFAST_ASSET_STDIO_PATHS=json.dumps([str(everything.parents[3])]),
-        HOLDFAST_TOOL_TIMEOUT_SECONDS="20",
-        HOLDFAST_ASSET_CONNECT_TIMEOUT_SECONDS="20",
-        # The operator's word over a server's annotations (see test_operator_rules...).
-        HOLDFAST_TOOL_PERMISSIONS=json.dumps(
-            {"*": {"policed__echo": "deny", "policed__toggle-simulated-logging": "allow"}}
-        ),
-        HOLDFAST_WORKSPACE_ROOT=str(tmp_path_factory.mktemp("asset-workspaces")),
-    )
-    with running_engine(env, runners=1, directory=tmp_path_factory.mktemp("asset-engine")) as e:
+    # The operator's word over a server's annotations (see test_operator_rules...).
+    rules = {"*": {"policed__echo": "deny", "policed__toggle-simulated-logging": "allow"}}
+    with mcp_engine(
+        engine_env(redis_url, database_url, f"{redis_prefix}assets:"),
+        everything,
+        tmp_path_factory,
+        "asset",
+        timeout_seconds=20,
+        connect_seconds=20,
+        HOLDFAST_TOOL_PERMISSIONS=json.dumps(rules),
+    ) as e:
+        yield e
+
+
+@contextmanager
+def mcp_engine(
+    env: dict[str, str],
+    everything: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    timeout_seconds: int,
+    connect_seconds: int = 30,
+    **more: str,
+) -> Iterator[EngineProcesses]:
+    """An engine (``env``, one tool-runner, workspaces of its own) whose stdio MCP
+    servers may read the reference server's install (``everything``)."""
+    env = {
+        **env,
+        "HOLDFAST_LOG_LEVEL": "INFO",
+        "HOLDFAST_ASSET_STDIO_PATHS": json.dumps([str(everything.parents[3])]),
+        "HOLDFAST_TOOL_TIMEOUT_SECONDS": str(timeout_seconds),
+        "HOLDFAST_ASSET_CONNECT_TIMEOUT_SECONDS": str(connect_seconds),
+        "HOLDFAST_WORKSPACE_ROOT": str(tmp_path_factory.mktemp(f"{name}-workspaces")),
+        **more,
+    }
+    with running_engine(env, runners=1, directory=tmp_path_factory.mktemp(f"{name}-engine")) as e:
         yield e
 
 
@@ -477,14 +499,16 @@ async def test_the_model_calls_a_stdio_server_in_the_sandbox_and_reuses_its_sess
     assert not [k for k in env if k.startswith("HOLDFAST_")]
 
 
-async def test_a_write_tool_asks_first_and_its_session_lasts_the_turn(
+async def test_a_write_tool_asks_first_and_a_park_stops_its_server(
     engine: EngineProcesses,
     api_keys: dict[str, str],
     everything: Path,
     client: httpx.AsyncClient,
 ) -> None:
     """toggle-simulated-logging is not annotated read-only: each call asks. It
-    keeps state in the server, so its answers show which session served it."""
+    keeps state in the server, so its answers show which session served it: a
+    parked task's stdio servers are stopped (security issue #23), so each call
+    after a question finds a fresh one."""
     base, key = engine.url, api_keys["main"]
     name = unique("toggler")
     assert (await register(client, base, key, stdio_body(name, everything))).status_code == 201
@@ -505,11 +529,11 @@ async def test_a_write_tool_asks_first_and_its_session_lasts_the_turn(
     got = await turn
     assert got.events[-1]["phase"] == "completed", got.events
     assert len(by_type(got, "hitl_request")) == 2
-    started, stopped = (result_text(r) for r in by_type(got, "tool_result"))
-    # One server process for both calls, though the turn parked between them.
-    assert started.startswith("Started") and stopped.startswith("Stopped")
+    started, restarted = (result_text(r) for r in by_type(got, "tool_result"))
+    # The park between the two calls stopped the first call's server.
+    assert started.startswith("Started") and restarted.startswith("Started")
 
-    # The turn's end closed the session: the next turn's server starts afresh.
+    # The next turn asks again (a park again): its server starts afresh too.
     turn = asyncio.create_task(
         execute(
             client, base, key, {"message": tool_script(toggle), "agent": agent, "task_id": task_id}
@@ -627,7 +651,7 @@ async def test_a_tool_the_agent_has_no_server_for_is_unknown(
 
 
 @pytest.mark.slow
-async def test_an_http_server_killed_mid_call_gives_an_error_and_the_turn_goes_on(
+async def test_an_http_server_killed_mid_call_is_settled_and_the_turn_goes_on(
     engine: EngineProcesses,
     api_keys: dict[str, str],
     everything: Path,
@@ -640,11 +664,12 @@ async def test_an_http_server_killed_mid_call_gives_an_error_and_the_turn_goes_o
         name = unique("doomed")
         body = {"name": name, "transport": "streamable-http", "url": server.url}
         assert (await register(client, base, key, body)).status_code == 201
-        agent = await make_agent(client, base, key, [name])
         long = {
             "name": f"{name}__trigger-long-running-operation",
             "input": {"duration": 8, "steps": 8},
         }
+        # The server marks it read-only (it would be run again): here it has effects.
+        agent = await make_agent(client, base, key, [name], effects={long["name"]: "effectful"})
         after = {"name": f"{name}__echo", "input": {"message": "still there?"}}
         task_id = unique("kill")
         turn = asyncio.create_task(
@@ -658,17 +683,20 @@ async def test_an_http_server_killed_mid_call_gives_an_error_and_the_turn_goes_o
         await until_logged(client, base, key, task_id, logged("tool_call"), "no tool_call")
         await until(lambda: _call_received(server.log), "the call never reached the server")
         server.kill()
+        await _settle_as_failed(client, base, key, task_id)
         got = await turn
     finally:
         server.kill()
     assert got.events[-1]["phase"] == "completed", got.events
+    (unknown,) = by_type(got, "tool_outcome_unknown")
+    assert name in unknown["reason"], unknown
     cut, later = by_type(got, "tool_result")
     assert cut["error"] and name in cut["error"], cut
     assert later["error"], later  # the server is gone for good: an error, not a hang
 
 
 @pytest.mark.slow
-async def test_a_stdio_server_killed_mid_call_gives_an_error_and_the_turn_goes_on(
+async def test_a_stdio_server_killed_mid_call_is_settled_and_the_turn_goes_on(
     engine: EngineProcesses,
     api_keys: dict[str, str],
     everything: Path,
@@ -678,34 +706,32 @@ async def test_a_stdio_server_killed_mid_call_gives_an_error_and_the_turn_goes_o
     name = unique("fragile")
     assert (await register(client, base, key, stdio_body(name, everything))).status_code == 201
     long = {"name": f"{name}__trigger-long-running-operation", "input": {"duration": 8, "steps": 8}}
-    # A quick call first, then the long one behind a question: once the first is
-    # answered and the question asked, the session is up and the server idle,
-    # and what it reads after the answer is the long call.
+    # A quick call in a first turn, the long one in the next: a turn's end keeps
+    # the task's stdio server, up and idle, and what it reads next is the long call.
     echo = {"name": f"{name}__echo", "input": {"message": "connected"}}
-    agent = await make_agent(client, base, key, [name], permissions={long["name"]: "ask"})
-    task_id = unique("stdio-kill")
-    before = {process.pid for process in _stdio_servers(everything)}
-    turn = asyncio.create_task(
-        execute(
-            client,
-            base,
-            key,
-            {"message": tool_script(echo, long), "agent": agent, "task_id": task_id},
-        )
-    )
-    await until_logged(
+    agent = await make_agent(
         client,
         base,
         key,
-        task_id,
-        lambda events: {"tool_result", "hitl_request"} <= set(types(events)),
-        "the echo never ended or the question was never asked",
+        [name],
+        # The server marks it read-only (it would be run again): here it has effects.
+        effects={long["name"]: "effectful"},
     )
+    task_id = unique("stdio-kill")
+    before = {process.pid for process in _stdio_servers(everything)}
+    first = await execute(
+        client, base, key, {"message": tool_script(echo), "agent": agent, "task_id": task_id}
+    )
+    assert result_text(by_type(first, "tool_result")[0]) == "Echo: connected"
     # (A process the registration's probe started may still be on its way out.)
     idle = {p.pid: _read_chars(p) for p in _stdio_servers(everything) if p.pid not in before}
     victims = [p for p in _stdio_servers(everything) if idle.get(p.pid, -1) >= 0]
-    assert victims, "the stdio server never started"
-    await answer_when_asked(client, base, key, task_id, {"answer": "yes"})
+    assert victims, "the stdio server never started, or the turn's end stopped it"
+    turn = asyncio.create_task(
+        execute(
+            client, base, key, {"message": tool_script(long), "agent": agent, "task_id": task_id}
+        )
+    )
 
     async def called() -> bool:
         return any(_read_chars(v) >= idle[v.pid] + _CALL_BYTES for v in victims)
@@ -713,16 +739,18 @@ async def test_a_stdio_server_killed_mid_call_gives_an_error_and_the_turn_goes_o
     await until(called, "the long call never reached the server")
     for victim in victims:
         victim.kill()
+    await _settle_as_failed(client, base, key, task_id)
     got = await turn
     assert got.events[-1]["phase"] == "completed", got.events
-    echoed, result = by_type(got, "tool_result")
-    assert result_text(echoed) == "Echo: connected"
+    (result,) = by_type(got, "tool_result")
+    (unknown,) = by_type(got, "tool_outcome_unknown")
+    assert name in unknown["reason"], unknown
+    assert "cannot connect" not in unknown["reason"], "killed before its session was up"
     assert result["error"] and name in result["error"], result
-    assert "cannot connect" not in result["error"], "killed before its session was up"
 
 
 @pytest.mark.slow
-async def test_a_call_past_its_timeout_is_an_error_and_the_next_one_gets_a_new_session(
+async def test_a_call_past_its_timeout_is_settled_and_the_next_one_gets_a_new_session(
     engine: EngineProcesses,
     api_keys: dict[str, str],
     everything_http: str,
@@ -733,24 +761,51 @@ async def test_a_call_past_its_timeout_is_an_error_and_the_next_one_gets_a_new_s
     name = unique("slow")
     body = {"name": name, "transport": "streamable-http", "url": everything_http}
     assert (await register(client, base, key, body)).status_code == 201
-    agent = await make_agent(client, base, key, [name])
     long = {
         "name": f"{name}__trigger-long-running-operation",
         "input": {"duration": 60, "steps": 2},
     }
+    # The server marks it read-only (it would be run again): here it has effects.
+    agent = await make_agent(client, base, key, [name], effects={long["name"]: "effectful"})
     after = {"name": f"{name}__echo", "input": {"message": "after"}}
     started = time.monotonic()
-    got = await execute(
+    task_id = unique("timeout")
+    turn = asyncio.create_task(
+        execute(
+            client,
+            base,
+            key,
+            {"message": tool_script(long, after), "agent": agent, "task_id": task_id},
+        )
+    )
+    await _settle_as_failed(client, base, key, task_id, within=90)
+    got = await turn
+    # 20 s of timeout, the question and its answer: well under the call's own 60 s.
+    assert time.monotonic() - started < 55
+    assert got.events[-1]["phase"] == "completed", got.events
+    (unknown,) = by_type(got, "tool_outcome_unknown")
+    assert "did not answer within 20 s" in unknown["reason"], unknown
+    late, later = by_type(got, "tool_result")
+    assert "did not take effect" in late["error"], late
+    assert result_text(later) == "Echo: after"
+
+
+async def _settle_as_failed(
+    client: httpx.AsyncClient, base: str, key: str, task_id: str, within: float = 30.0
+) -> None:
+    """The call's outcome is unknown (sent, never answered) and the agent classes the
+    tool effectful: a person is asked (#26); answer ``failed``."""
+    await until_logged(
         client,
         base,
         key,
-        {"message": tool_script(long, after), "agent": agent, "task_id": unique("timeout")},
+        task_id,
+        lambda events: any(e.get("kind") == "outcome_unknown" for e in events),
+        "no outcome_unknown request",
+        within=within,
     )
-    assert time.monotonic() - started < 45
-    assert got.events[-1]["phase"] == "completed", got.events
-    late, later = by_type(got, "tool_result")
-    assert "did not answer within 20 s" in late["error"], late
-    assert result_text(later) == "Echo: after"
+    request = await answer_when_asked(client, base, key, task_id, {"answer": "failed"})
+    assert request["kind"] == "outcome_unknown", request
 
 
 # Less than the JSON-RPC tools/call of the long operation (about 150 bytes).

@@ -250,7 +250,6 @@ async def test_working_memory_survives_turns_and_the_redis_copy(
     [
         ("HOLDFAST_COMPACTION_THRESHOLD", "1.5", "compaction_threshold"),
         ("HOLDFAST_COMPACTION_THRESHOLD", "0", "compaction_threshold"),
-        ("HOLDFAST_CONTEXT_WINDOW", "1024", "too small"),
         ("HOLDFAST_COMPACTION_MODEL", "nosuch:model", "unknown model provider"),
     ],
 )

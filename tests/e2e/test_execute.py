@@ -11,6 +11,7 @@ from holdfast_shared.db.models import Message
 from holdfast_shared.events import parse_event
 from sqlalchemy import func, select
 
+from tests.chaos.invariants import visible_text
 from tests.processes import EngineProcesses
 from tests.sse_client import Received, execute, replay
 from tests.taskids import engine_task_id
@@ -193,19 +194,26 @@ async def test_stream_failure_after_output_leaves_a_consistent_view(
         after = await execute(
             client, engine.url, key, {"message": "still there?", "task_id": task_id}
         )
-    # The block that was open is closed, then the error, then errored: the
-    # text already shown stays and is not repeated by a retry.
+    # Each attempt but the last is taken back (its block closed, then
+    # turn_resumed names its events to discard) and the call made again; the
+    # last attempt's block is closed, then the error, then errored: the text
+    # it showed stays, once.
+    attempt = ["content_block_start", "text_delta", "text_delta", "text_delta"]
+    attempt += ["content_block_stop"]
+    retried = [*attempt, "turn_resumed"] * 3
     assert broken.types == [
         "thread_lifecycle",
-        "content_block_start",
-        "text_delta",
-        "text_delta",
-        "text_delta",
-        "content_block_stop",
+        *retried,
+        *attempt,
         "usage",
         "error",
         "thread_lifecycle",
     ]
+    marks = [e for e in broken.events if e["type"] == "turn_resumed"]
+    assert [(m["reason"], m["discard_to_seq"] - m["discard_from_seq"]) for m in marks] == [
+        ("model_retry", 4)
+    ] * 3
+    assert visible_text(broken.events) == "partial " * 3
     error = broken.events[-2]
     assert error["error"] == "LLM_PROVIDER_ERROR"
     assert error["details"]["partial_output"] is True

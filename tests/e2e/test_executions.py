@@ -582,9 +582,14 @@ async def test_worker_killed_while_pausing(
 async def test_worker_killed_while_resuming(
     cluster: EngineProcesses, api: Api, sessions: Any
 ) -> None:
-    created = await api.create(input=script(text="w ", deltas=60, delay_ms=50))
+    # Paused once the answer streams, and long enough that its rerun is still
+    # under way when the owner is looked up: a pause that landed after the
+    # whole answer (a loaded machine, CI) left a resume that ended at once.
+    created = await api.create(input=script(text="w ", deltas=200, delay_ms=40))
     execution_id = created["id"]
     row = await row_of(sessions, execution_id)
+    async with httpx.AsyncClient(timeout=30) as client:
+        await replay(client, cluster.url, api.key, {"task_id": execution_id}, limit=4)
     assert (await api.call("POST", f"/v1/execution/{execution_id}/pause")).status_code == 202
     await api.wait(execution_id, "paused")
     assert (await api.call("POST", f"/v1/execution/{execution_id}/resume", {})).status_code == 200
@@ -592,7 +597,7 @@ async def test_worker_killed_while_resuming(
     cluster.kill(victim)
     # The other worker carries on; the replacement is for the tests after this one.
     replacement = cluster.start("loop-worker", wait=False)
-    done = await api.wait(execution_id, "completed", within=40)
+    done = await api.wait(execution_id, "completed", within=60)
     async with httpx.AsyncClient(timeout=30) as client:
         log = await replay(client, cluster.url, api.key, {"task_id": execution_id, "after_seq": 0})
     # Whether the survivor takes the dead worker's job ("worker_lost") or its own
@@ -608,7 +613,7 @@ async def test_worker_killed_while_resuming(
     text = "".join(
         e["text"] for e in log.events if e["type"] == "text_delta" and e["seq"] not in dropped
     )
-    assert text == "w " * 60
+    assert text == "w " * 200
     assert done["status"] == "completed"
     await asyncio.to_thread(cluster.wait_ready, replacement)
 

@@ -211,10 +211,29 @@ async def test_a_killed_runners_call_in_flight_is_answered_within_seconds(
         runner = await wait_for("the call running", running_on)
         killed_at = time.monotonic()
         await asyncio.to_thread(procs.kill, process_named(procs.runners, runner))
+        # bash is effectful: its outcome is unknown, and a person is asked (#26).
+        await wait_for(
+            "the outcome_unknown request",
+            lambda: watched.first("hitl_request", after=killed_at),
+            within=2 * TAKEOVER_WITHIN_S,
+        )
+        request = next(e for _t, e in watched.events if e["type"] == "hitl_request")
+        headers = {"X-Engine-Key": api_keys["main"]}
+        pending = (await client.get(f"{procs.url}/hitl/pending", headers=headers)).json()
+        task_name = next(
+            p["task_id"] for p in pending["pending"] if p["request_id"] == request["request_id"]
+        )
+        settled = await client.post(
+            f"{procs.url}/hitl/respond",
+            json={"task_id": task_name, "request_id": request["request_id"], "answer": "failed"},
+            headers=headers,
+        )
+        assert settled.status_code == 200, settled.text
         await ended(watched)
-    answered = watched.first("tool_result", after=killed_at)
+    answered = watched.first("tool_outcome_unknown", after=killed_at)
     assert answered is not None
     assert answered - killed_at < TAKEOVER_WITHIN_S, f"took {answered - killed_at:.1f} s"
+    assert request["kind"] == "outcome_unknown"
     result = next(e for _t, e in watched.events if e["type"] == "tool_result")
-    assert "interrupted" in result["error"]
+    assert "did not take effect" in result["error"]
     assert watched.last["type"] == "thread_lifecycle"

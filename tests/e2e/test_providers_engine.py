@@ -55,13 +55,16 @@ def provider_engine(
         yield procs
 
 
+# Usage the engine believes (it takes a report implying 1-8 characters a token:
+# context/tokens.plausible): the prompt, system prompt and tool definitions
+# included, is about 6,500 characters; "Hello there" is 11.
 REPLIES = {
     "anthropic": (
         f"anthropic:{fake_anthropic.MODEL}",
         lambda: fake_anthropic.text_reply(
-            ["Hel", "lo ", "there"], fake_anthropic.Usage(input_tokens=25, output_tokens=12)
+            ["Hel", "lo ", "there"], fake_anthropic.Usage(input_tokens=1500, output_tokens=3)
         ),
-        {"input_tokens": 25, "output_tokens": 12},
+        {"input_tokens": 1500, "output_tokens": 3},
     ),
     "openai": (
         f"openai:{fake_openai.MODEL}",
@@ -70,8 +73,8 @@ REPLIES = {
     ),
     "gemini": (
         f"gemini:{fake_gemini.MODEL}",
-        lambda: fake_gemini.text_reply(["Hel", "lo ", "there"], prompt=12, output=9),
-        {"input_tokens": 12, "output_tokens": 9},
+        lambda: fake_gemini.text_reply(["Hel", "lo ", "there"], prompt=1400, output=4),
+        {"input_tokens": 1400, "output_tokens": 4},
     ),
 }
 

@@ -28,6 +28,7 @@ from holdfast_shared.skills import (
     SkillInvalid,
     SkillTooLarge,
     builtin_skills,
+    new_skill,
 )
 
 from tests.processes import EngineProcesses
@@ -340,7 +341,7 @@ async def test_caps_are_413_counted_while_decompressing(main: Api) -> None:
         ({"name": "Bad Name", "description": "d", "body": "b"}, ["body", "name"]),
         ({"name": "-lead", "description": "d", "body": "b"}, ["body", "name"]),
         ({"name": "ok-name", "description": "", "body": "b"}, ["body", "description"]),
-        ({"name": "ok-name", "description": "d" * 1025, "body": "b"}, ["body", "description"]),
+        ({"name": "ok-name", "description": "d" * 16_385, "body": "b"}, ["body", "description"]),
         ({"name": "ok-name", "description": "d", "body": ""}, ["body", "body"]),
         (
             {"name": "ok-name", "description": "d", "body": "b", "files": {"../x": "y"}},
@@ -366,6 +367,40 @@ async def test_json_uploads_are_checked(main: Api, body: dict[str, Any], loc: li
     assert refused.status_code == 422, refused.text
     assert refused.json()["error"] == "INVALID_REQUEST"
     assert loc in [e["loc"] for e in refused.json()["details"]["errors"]]
+
+
+async def test_a_long_description_is_cut_to_what_the_model_sees_with_a_warning(
+    main: Api,
+) -> None:
+    """Anthropic's published claude-api skill has 1,068 characters of description:
+    the format's 1,024 bound what the model sees, not what a skill may say."""
+    long = ("Use this skill when building with the Claude API. " * 22).strip()
+    assert len(long) > 1024
+    name = unique("long")
+    created = await main.upload(zipped({"SKILL.md": skill_md(name, long)}))
+    assert created.status_code == 201, created.text
+    (warning,) = created.json()["warnings"]
+    assert f"{len(long)} characters" in warning
+    seen = (await main.call("GET", f"/skills/{name}")).json()["description"]
+    assert len(seen) <= 1024 and seen.endswith("…") and long.startswith(seen[:-1])
+    # As JSON too.
+    name = unique("long-json")
+    sent = await main.call("POST", "/skills", {"name": name, "description": long, "body": "b"})
+    assert sent.status_code == 201, sent.text
+    assert len(sent.json()["description"]) <= 1024 and sent.json()["warnings"]
+
+
+def test_the_size_cap_is_a_setting() -> None:
+    """HOLDFAST_SKILL_MAX_BYTES reaches both readers (zip and JSON)."""
+    fonts = {f"fonts/f{i}.ttf": os.urandom(900 * 1024) for i in range(6)}  # ~5.3 MiB
+    archive = zipped({"SKILL.md": skill_md("canvas-like"), **fonts})
+    with pytest.raises(SkillTooLarge):
+        read_archive(archive)
+    skill = read_archive(archive, max_total_bytes=8 * 1024 * 1024)
+    assert len(skill.files) == 6
+    with pytest.raises(SkillTooLarge):
+        new_skill("canvas-like", "d", "b", fonts)
+    assert new_skill("canvas-like", "d", "b", fonts, max_total_bytes=8 * 1024 * 1024).files
 
 
 async def test_a_bad_skill_md_is_422_naming_it(main: Api) -> None:

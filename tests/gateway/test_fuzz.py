@@ -33,11 +33,14 @@ from pathlib import Path
 
 import pytest
 
+from holdfast.testing import scaled
 from tests.processes import EngineProcesses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-MAX_EXAMPLES = 100
+# 100 took 222 s alone and 502 s in the whole run on 2 cores (CI timed out at 540):
+# the fuzzing phase is most of it, and scales with this.
+MAX_EXAMPLES = 50
 STATEFUL_STEPS = 10
 SEEDS = (20240613, 20261127)
 # The second seed's fuzzing, smaller: at 100 it took 420 s of a loaded 2-core VM.
@@ -94,7 +97,27 @@ def test_the_api_keeps_to_its_description(
     )
     phases = [] if first else ["--phases", "fuzzing,stateful"]
     started = time.monotonic()
-    run = subprocess.run(
+    try:
+        run = _schemathesis(config, fuzzed_gateway, phases, tmp_path)
+    except subprocess.TimeoutExpired as exc:
+        # What it had done by then: the last operations it printed say where it stuck.
+        pytest.fail(
+            f"schemathesis ran past {exc.timeout:.0f} s; its output so far:\n"
+            f"{_text(exc.stdout)[-20000:]}\n{_text(exc.stderr)[-5000:]}"
+        )
+    elapsed = time.monotonic() - started
+    print(run.stdout[-20000:], run.stderr[-5000:], f"schemathesis ran {elapsed:.0f} s", sep="\n")
+    assert run.returncode == 0, "schemathesis found failures (see the output above)"
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def _schemathesis(
+    config: Path, fuzzed_gateway: str, phases: list[str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -127,9 +150,7 @@ def test_the_api_keeps_to_its_description(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=540,
+        # Inside the test's own timeout (600 s, scaled alike by tests/conftest.py).
+        timeout=scaled(540),
         env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
-    elapsed = time.monotonic() - started
-    print(run.stdout[-20000:], run.stderr[-5000:], f"schemathesis ran {elapsed:.0f} s", sep="\n")
-    assert run.returncode == 0, "schemathesis found failures (see the output above)"

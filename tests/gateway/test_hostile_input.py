@@ -650,6 +650,30 @@ async def test_the_description_declares_the_key_and_every_error(engine: EnginePr
         ("put", "/v1/execution/{execution_id}/checkpoint"): common | {"201", "404", "413", "415"},
         ("post", "/v1/execution/{execution_id}/pause"): common | {"202", "404", "409"},
         ("post", "/v1/execution/{execution_id}/resume"): common | {"200", "404", "409", "413"},
+        ("get", "/tasks/{task_id}/files"): common | {"200", "400", "404", "409"},
+        ("get", "/tasks/{task_id}/files/{path}"): common
+        | {"200", "206", "400", "404", "409", "416"},
+        ("put", "/tasks/{task_id}/files/{path}"): common
+        | {"201", "400", "404", "409", "413", "507"},
+        ("delete", "/tasks/{task_id}/files/{path}"): common | {"204", "400", "404", "409"},
+        ("get", "/v1/execution/{execution_id}/checkpoints/{checkpoint_id}/files"): common
+        | {"200", "400", "404"},
+        ("get", "/v1/execution/{execution_id}/checkpoints/{checkpoint_id}/files/{path}"): common
+        | {"200", "206", "400", "404", "409", "416"},
+        ("get", "/schedules"): common | {"200"},
+        ("post", "/schedules"): common | {"201", "404", "409", "413", "415"},
+        ("get", "/schedules/{name}"): common | {"200", "404"},
+        ("delete", "/schedules/{name}"): common | {"204", "404"},
+        ("post", "/schedules/{name}/pause"): common | {"200", "404"},
+        ("post", "/schedules/{name}/resume"): common | {"200", "404"},
+        ("get", "/schedules/{name}/runs"): common | {"200", "404"},
+        ("post", "/webhooks/secret"): common | {"201"},
+        ("get", "/webhooks/default"): common | {"200"},
+        ("put", "/webhooks/default"): common | {"200", "413", "415"},
+        ("delete", "/webhooks/default"): common | {"204"},
+        ("get", "/webhooks/deliveries"): common | {"200"},
+        ("get", "/webhooks/deliveries/{delivery_id}"): common | {"200", "404"},
+        ("post", "/webhooks/deliveries/{delivery_id}/redeliver"): common | {"202", "404"},
     }
     found = {
         (method, path): set(operation["responses"])

@@ -9,14 +9,16 @@ set it up (the policy's rule per tool, the user's answers, tool outcomes).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from holdfast_loop_worker.blocks import StreamBlocks
 from holdfast_loop_worker.context.assembly import Assembled
 from holdfast_loop_worker.executions import ExecutionRun
-from holdfast_loop_worker.hitl import Answer, Question
+from holdfast_loop_worker.hitl import Answer, Kind, Question
 from holdfast_loop_worker.steering import Steer
 from holdfast_loop_worker.stopping import TurnStop
 from holdfast_loop_worker.trajectory import TurnEnding
@@ -54,6 +56,7 @@ class FakeTurn:
     streaming: bool = False
     pause_pending: bool = False
     reported_usage: dict[str, int] | None = None
+    output_schema: dict[str, Any] | None = None
     resuming: bool = False
     # Set up by the test.
     agent_tools: tuple[str, ...] = ()
@@ -61,6 +64,8 @@ class FakeTurn:
     tools: bool = True
     rules: dict[str, str] = field(default_factory=dict)  # tool -> allow|ask|deny|unknown
     answers: dict[str, Answer] = field(default_factory=dict)  # request id -> answer
+    # What the tool-runner answers, attempt after attempt (else: it ran).
+    tool_outcomes: list[ToolOutcome] = field(default_factory=list)
     cancel_flag: bool = False
     # Recorded.
     events: list[_Event] = field(default_factory=list)
@@ -128,6 +133,9 @@ class FakeTurn:
     async def release_lease(self, *, status: str | None = None) -> None:
         self.calls.append(("release_lease", status))
 
+    async def stop_tools(self) -> None:
+        self.calls.append(("stop_tools", None))
+
     def ending(
         self, status: str, stop_reason: str | None, error: dict[str, Any] | None
     ) -> TurnEnding:
@@ -167,15 +175,26 @@ class FakeTurn:
     def retry_attempts(self) -> int:
         return 1
 
-    async def prepare(self, choice: ModelChoice, *, harder: bool = False) -> Assembled:
+    async def prepare(
+        self, choice: ModelChoice, *, harder: bool = False, overflow: Any = None
+    ) -> Assembled:
         raise NotImplementedError("model calls are tested with the scripted provider")
+
+    def calling_model(self, choice: ModelChoice) -> AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+    def window_filled(self, choice: ModelChoice, tokens: int) -> None:
+        self.calls.append(("window_filled", tokens))
 
     async def pending_steers(self) -> list[Steer]:
         return []
 
+    async def logged_seq(self) -> int:
+        return len(self.events)
+
     async def open_question(
         self,
-        kind: Literal["permission", "question"],
+        kind: Kind,
         text: str,
         tool_call: dict[str, Any] | None,
     ) -> Question:
@@ -201,8 +220,12 @@ class FakeTurn:
         self.calls.append(("policy", name))
         return self.rules.get(name, "allow")
 
-    async def run_tool(self, call: PendingCall, server_tool: ServerTool | None) -> ToolOutcome:
-        self.calls.append(("tool_runner", call.name))
+    async def run_tool(
+        self, call: PendingCall, server_tool: ServerTool | None, *, attempt: int = 1
+    ) -> ToolOutcome:
+        self.calls.append(("tool_runner", call.name) if attempt == 1 else ("retry", attempt))
+        if self.tool_outcomes:
+            return self.tool_outcomes.pop(0)
         return ToolOutcome(output={"ran": call.name})
 
     async def working_memory(self, tool_input: Mapping[str, Any]) -> ToolOutcome:

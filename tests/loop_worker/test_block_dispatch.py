@@ -94,7 +94,9 @@ async def _stream(
 
 async def test_the_model_step_emits_what_the_dispatcher_shows() -> None:
     turn = FakeTurn()
-    blocks, stop_reason, prompt_tokens = await model_step._stream(turn, _stream(CALL), 0)
+    call = model_step._ShownCall(turn, 0)
+    blocks, stop_reason = await call.run(_stream(CALL))
+    prompt_tokens = call.prompt_tokens
     expected = StreamBlocks()
     assert turn.events == [event for item in CALL for event in expected.take(item)]
     assert [b.to_content() for b in blocks] == assemble(CALL)
@@ -107,7 +109,7 @@ async def test_a_stream_broken_after_output_keeps_its_partial_message() -> None:
     turn = FakeTurn()
     reset = ProviderError(ErrorCode.LLM_PROVIDER_ERROR, "connection reset")
     with pytest.raises(StepInterrupted) as raised:
-        await model_step._stream(turn, _stream(CALL[:5], fail=reset), 0)
+        await model_step._ShownCall(turn, 0).run(_stream(CALL[:5], fail=reset))
     assert turn.events[-1] == ContentBlockStop(block_index=1, block_type="text")
     assert raised.value.content == {
         "blocks": [
@@ -123,5 +125,5 @@ async def test_a_stream_broken_before_output_fails_as_the_provider_said() -> Non
     turn = FakeTurn()
     reset = ProviderError(ErrorCode.LLM_PROVIDER_ERROR, "connection reset")
     with pytest.raises(ProviderError):
-        await model_step._stream(turn, _stream([], fail=reset), 0)
+        await model_step._ShownCall(turn, 0).run(_stream([], fail=reset))
     assert turn.events == []

@@ -34,13 +34,13 @@ async def test_events_and_snapshot_in_one_statement(eventlog: EventLog, sessions
         t, "turn_a", [TextDelta(text="a"), TextDelta(text="b")], name=t, new_task=True
     )
     state = TurnState(stage="tools", position=3, iteration=1, last_seq=2)
-    snapshot = snapshots().statement(t, "turn_a", "model_call", state)
+    snapshot = snapshots().statement(t, "turn_a", "model_call", state.to_json())
     assert await eventlog.archive_now(t, also=Writes((snapshot,))) == 2
     seqs, states = await stored(sessions, t)
     assert seqs == [1, 2] and [s["last_seq"] for s in states] == [2]
     assert int(await eventlog.redis.get(eventlog.keys.archived(t))) == 2
     # Nothing new to archive: the writes go alone.
-    again = snapshots().statement(t, "turn_a", "tool_result", state)
+    again = snapshots().statement(t, "turn_a", "tool_result", state.to_json())
     assert await eventlog.archive_now(t, also=Writes((again,))) == 0
     assert len((await stored(sessions, t))[1]) == 2
 
@@ -48,7 +48,7 @@ async def test_events_and_snapshot_in_one_statement(eventlog: EventLog, sessions
 async def test_a_failing_write_takes_the_events_with_it(eventlog: EventLog, sessions: Any) -> None:
     t = f"task_{secrets.token_hex(6)}"
     await eventlog.append(t, None, [TextDelta(text="a")], name=t, new_task=True)
-    snapshot = snapshots().statement(t, "turn_a", "model_call", TurnState())
+    snapshot = snapshots().statement(t, "turn_a", "model_call", TurnState().to_json())
     broken = insert(EventRecord).values(task_id=t, seq=99, type=None, timestamp=0, data="")
     with pytest.raises(IntegrityError):
         await eventlog.archive_now(t, also=Writes((snapshot, broken)))

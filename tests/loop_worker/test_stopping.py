@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from holdfast_loop_worker import stopping
 from holdfast_loop_worker.stopping import TurnStop
 
 
@@ -61,3 +62,34 @@ async def test_an_outside_cancel_alone_is_not_consumed() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _turn_that_loses_its_first_stop(stop: TurnStop, started: asyncio.Event) -> str:
+    """As a turn whose stop landed in a redis-py ``wait_for`` the tick its command
+    completed (CPython 3.11, python/cpython#86296): the cancel is gone, the task
+    stays "cancelling", and it runs on."""
+    lost = False
+    while True:
+        try:
+            started.set()
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if not lost:
+                lost = True
+                continue
+            reason = stop.consume()
+            if reason is None:
+                raise
+            return reason
+
+
+async def test_a_stop_the_turn_lost_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stopping, "RECANCEL_SECONDS", 0.05)
+    stop = TurnStop()
+    started = asyncio.Event()
+    task = asyncio.create_task(_turn_that_loses_its_first_stop(stop, started))
+    stop.bind(task)
+    await started.wait()
+    assert stop.request("handoff")
+    assert await asyncio.wait_for(task, 10) == "handoff"
+    assert task.cancelling() == 0, "every cancel it was sent is taken back"

@@ -12,6 +12,7 @@ HTTP status, or the same object as an ``event: error`` inside a 200 stream.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.providers.wire import SSE, Recorded, Reply
@@ -213,6 +214,23 @@ def rate_limited(retry_after: str = "1") -> Reply:
         "rate_limit_error",
         "This request would exceed the rate limit for your organization of 50 requests per minute.",
         **{"retry-after": retry_after},
+    )
+
+
+def rate_limit_used_up(reset_in: float) -> Reply:
+    """429 with no retry-after: the requests limit at 0, reset at an RFC 3339 time."""
+    reset = datetime.now(UTC) + timedelta(seconds=reset_in)
+    return _error(
+        429,
+        "rate_limit_error",
+        "This request would exceed the rate limit for your organization of 50 requests per minute.",
+        **{
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": reset.isoformat().replace("+00:00", "Z"),
+            "anthropic-ratelimit-tokens-remaining": "39000",
+            "anthropic-ratelimit-tokens-reset": (reset + timedelta(hours=1)).isoformat(),
+        },
     )
 
 

@@ -319,6 +319,15 @@ def rate_limited(retry_after: str | None = "1") -> Reply:
     )
 
 
+def rate_limit_used_up(reset_in: float) -> Reply:
+    """429 with no retry-after: the request limit at 0, reset in a Go-style duration."""
+    reply = rate_limited(None)
+    reply.headers["x-ratelimit-reset-requests"] = f"{int(reset_in * 1000)}ms"
+    reply.headers["x-ratelimit-remaining-tokens"] = "29000"
+    reply.headers["x-ratelimit-reset-tokens"] = "6m0s"
+    return reply
+
+
 def server_error() -> Reply:
     message = "The server had an error while processing your request. Sorry about that!"
     return Reply(

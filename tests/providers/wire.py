@@ -49,7 +49,10 @@ class Reply:
 
     ``events`` → a ``text/event-stream`` body; ``body`` → a JSON body (errors,
     non-streaming); ``break_after`` → drop the connection after that many
-    events, as a reset mid-stream would.
+    events, as a reset mid-stream would, ``break_inside`` bytes into the next
+    one (a line cut in half: a tool call's JSON, say). ``first_delay`` holds
+    the answer back, headers and all; ``endless`` is sent again and again
+    after ``events`` (every ``delay_between``), a stream that never stops.
     """
 
     status: int = 200
@@ -57,7 +60,10 @@ class Reply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     break_after: int | None = None
+    break_inside: int = 0
     delay_between: float = 0.0
+    first_delay: float = 0.0
+    endless: SSE | None = None
 
 
 @dataclass
@@ -129,6 +135,8 @@ class WireServer:
             return JSONResponse({"error": "no scripted reply left"}, status_code=599)
         queued = self.replies.popleft()
         reply = queued if isinstance(queued, Reply) else queued(recorded)
+        if reply.first_delay:
+            await asyncio.sleep(reply.first_delay)
         if reply.events is None:
             return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
         return StreamingResponse(
@@ -142,9 +150,14 @@ class WireServer:
         assert reply.events is not None
         for i, event in enumerate(reply.events):
             if reply.break_after is not None and i >= reply.break_after:
+                if reply.break_inside:
+                    yield event.encode()[: reply.break_inside]
                 # Raising inside the body iterator makes uvicorn abort the
                 # connection without a proper chunked terminator: a reset.
                 raise ConnectionResetError("scripted connection drop")
             if reply.delay_between:
                 await asyncio.sleep(reply.delay_between)
             yield event.encode()
+        while reply.endless is not None:
+            await asyncio.sleep(reply.delay_between)
+            yield reply.endless.encode()

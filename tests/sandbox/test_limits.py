@@ -23,6 +23,7 @@ import pytest
 from holdfast_tool_runner.builtin import run_tool
 from holdfast_tool_runner.sandbox import Launchers, SandboxPolicy, SandboxResult, run_sandboxed
 from holdfast_tool_runner.sandbox import disk as disk_module
+from holdfast_tool_runner.sandbox import runner as runner_module
 from holdfast_tool_runner.sandbox.limits import Hierarchies, _descendants
 from holdfast_tool_runner.sandbox.runner import Host
 from holdfast_tool_runner.workspaces import WorkspaceError
@@ -97,6 +98,31 @@ async def test_memory_is_bounded_per_call(policy: PolicyFactory) -> None:
     # The same call within the limit runs to its end.
     fits = await four_hogs(policy(memory_bytes=256 * MiB), 16 * MiB, None)
     assert fits.ok and fits.stdout == "4 held at once\n", fits
+
+
+async def test_a_call_whose_process_the_kernel_killed_counts_as_killed_when_the_rest_ends_first(
+    policy: PolicyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With v1's memory cgroup the runner's watch, not the kernel, kills the rest of the
+    call. Here the rest ends on its own before the watch looks (CI met it as a race: the
+    OOM-killed hogs closed the pipe, their parent printed and exited within 0.1 s)."""
+    monkeypatch.setattr(runner_module, "WATCH_SECONDS", 60.0)
+    one_hog = (
+        "import os\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    hoard = bytearray(96 * 2**20)\n"
+        "    for i in range(0, len(hoard), 4096):\n"
+        "        hoard[i] = 1\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('parent done')\n"
+    )
+    result = await run_sandboxed(["python3", "-c", one_hog], policy(memory_bytes=64 * MiB))
+    if result.mechanisms["memory"] != "cgroup1":
+        pytest.skip("v2's memory.oom.group takes the whole call in the kernel")
+    assert result.killed_reason == "memory" and result.exit_code is None, result
+    assert "memory" in result.limit_events
 
 
 async def test_memory_budget_where_no_cgroup_bounds_it(

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+import uvloop
 from holdfast_learning.consumer import BatchSettings, TrajectoryConsumer
 from holdfast_learning.learner import BatchResult
 from holdfast_shared.consuming import Delivery, GroupConsumer, consume
@@ -327,3 +328,31 @@ async def test_the_learning_intake_goes_on_after_its_stream_is_deleted(
         intake.cancel()
         with pytest.raises(asyncio.CancelledError):
             await intake
+
+
+def test_a_connection_closed_under_a_read_is_waited_out(redis_url: str, redis_prefix: str) -> None:
+    """Under uvloop (as the services run), a command on a connection whose transport
+    was closed under it raises RuntimeError ("the handler is closed"), not a
+    ConnectionError: met by a loop-worker whose cluster client closed its nodes for a
+    failover while the turns read used one, it ended the worker. The read now
+    counts it as Redis away for a moment, and the next one reads on a new connection."""
+
+    async def main() -> tuple[list[Delivery], list[Delivery]]:
+        redis = Redis.from_url(redis_url, decode_responses=True, max_connections=1)
+        try:
+            group = await new_group(redis, redis_prefix, claim_idle_ms=60_000)
+            await redis.xadd(group.stream, {"n": "1"})
+            connection = await redis.connection_pool.get_connection()
+            assert connection._writer is not None
+            connection._writer.transport.close()  # what the cluster client's aclose does
+            await redis.connection_pool.release(connection)
+            during = await group.next_entries(1, block_ms=10)
+            after = await group.next_entries(1, block_ms=10)
+            await redis.delete(group.stream)
+            return during, after
+        finally:
+            await redis.aclose()
+
+    during, after = uvloop.run(main())
+    assert during == []
+    assert [d.fields for d in after] == [{"n": "1"}]

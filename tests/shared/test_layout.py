@@ -11,6 +11,7 @@ only works because one side imports late is still a knot.
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,13 +25,23 @@ PACKAGES = {
 }
 
 
+def _parse(source: str) -> ast.Module:
+    # CPython 3.11 can raise a spurious "AST constructor recursion depth
+    # mismatch" while other threads run (python/cpython#106905; seen on 3.11.7
+    # in the embedded-servers run): the pytest worker has threads of other tests.
+    for _ in range(2):
+        with contextlib.suppress(SystemError):
+            return ast.parse(source)
+    return ast.parse(source)
+
+
 def _imports(file: Path, package: str) -> set[str]:
     """Absolute names of the modules ``file`` imports (relative ones resolved)."""
     found: set[str] = set()
     module_parts = [package, *file.relative_to(PACKAGES[package]).with_suffix("").parts]
     if module_parts[-1] == "__init__":
         module_parts.pop()
-    for node in ast.walk(ast.parse(file.read_text())):
+    for node in ast.walk(_parse(file.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -152,7 +163,7 @@ def _shared_uses(file: Path, package: str, modules: dict[str, Path]) -> set[str]
     if module_parts[-1] == "__init__":
         module_parts.pop()
     found: set[str] = set()
-    for node in ast.walk(ast.parse(file.read_text())):
+    for node in ast.walk(_parse(file.read_text())):
         if isinstance(node, ast.Import):
             found |= {r for a in node.names if (r := _resolve(a.name, None, modules))}
         elif isinstance(node, ast.ImportFrom):

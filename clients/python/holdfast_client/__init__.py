@@ -16,6 +16,7 @@ from holdfast_client._resume import Reconnect
 from holdfast_client.client import AsyncClient, AsyncTurnStream, Client, TurnStream, default_key
 from holdfast_client.errors import HoldfastError
 from holdfast_client.events import (
+    Artifact,
     BaseEvent,
     CompactionEvent,
     ContentBlockStart,
@@ -25,10 +26,13 @@ from holdfast_client.events import (
     Heartbeat,
     HitlRequest,
     HitlResolved,
+    Result,
     TextDelta,
     ThinkingDelta,
     ThreadLifecycle,
     ToolCall,
+    ToolOutcomeUnknown,
+    ToolProgress,
     ToolResult,
     TurnResumed,
     UnknownEvent,
@@ -40,6 +44,7 @@ from holdfast_client.events import (
 from holdfast_client.text import TurnText
 
 __all__ = [
+    "Artifact",
     "AsyncClient",
     "AsyncTurnStream",
     "BaseEvent",
@@ -55,10 +60,13 @@ __all__ = [
     "HoldfastError",
     "PendingRequest",
     "Reconnect",
+    "Result",
     "TextDelta",
     "ThinkingDelta",
     "ThreadLifecycle",
     "ToolCall",
+    "ToolOutcomeUnknown",
+    "ToolProgress",
     "ToolResult",
     "TurnResumed",
     "TurnStream",

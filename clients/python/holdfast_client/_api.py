@@ -1,7 +1,8 @@
 """Every non-streaming operation, as a request and how to read its answer.
 
-Both clients send these (one blocking, one with asyncio), so a route's path,
-parameters and answer are written once.
+Each function has the signature of the client method of its name: both
+clients send what it returns (one blocking, one with asyncio), so a route's
+path, parameters and answer are written once.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ JsonObject = dict[str, Any]
 
 
 class PendingRequest(BaseModel):
-    """A permission prompt or question waiting for an answer (``GET /hitl/pending``)."""
+    """A permission prompt, question or unknown tool outcome waiting for an answer
+    (``GET /hitl/pending``)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
     request_id: str
     task_id: str
     turn_id: str
-    kind: Literal["permission", "question"]
+    kind: Literal["permission", "question", "outcome_unknown"]
     question: str
     tool_call: dict[str, Any] | None = None
     created_at: int
@@ -79,7 +81,11 @@ def execute_body(message: str | None, options: Mapping[str, Any]) -> JsonObject:
     body: JsonObject = {} if message is None else {"message": message}
     for name, value in options.items():
         if value is not None:
-            body[name] = list(value) if name == "media" else value
+            if name == "media":
+                value = list(value)
+            elif name in ("output_schema", "webhook"):
+                value = dict(value)
+            body[name] = value
     return body
 
 
@@ -91,17 +97,20 @@ def _pending(response: httpx.Response) -> list[PendingRequest]:
     return [PendingRequest.model_validate(item) for item in response.json()["pending"]]
 
 
-def pending(task_id: str | None) -> Call[list[PendingRequest]]:
+def pending(task_id: str | None = None) -> Call[list[PendingRequest]]:
+    """Permission prompts and questions waiting for an answer (of one task, or all)."""
     return Call("GET", "/hitl/pending", _pending, params=_params(task_id=task_id))
 
 
 def answer(
     task_id: str,
     answer: str,
-    request_id: str | None,
-    feedback: str | None,
-    content_blocks: list[Mapping[str, Any]] | None,
+    *,
+    request_id: str | None = None,
+    feedback: str | None = None,
+    content_blocks: list[Mapping[str, Any]] | None = None,
 ) -> Call[JsonObject]:
+    """Answer a pending request (``yes``/``no`` for a permission prompt)."""
     body: JsonObject = {"task_id": task_id, "answer": answer}
     if request_id is not None:
         body["request_id"] = request_id
@@ -115,7 +124,7 @@ def answer(
 # -- tasks --------------------------------------------------------------------------------
 
 
-def list_tasks(params: Mapping[str, str | int | None]) -> Call[JsonObject]:
+def list_tasks(**params: str | int | None) -> Call[JsonObject]:
     return _obj("GET", "/tasks", params=_params(**params))
 
 
@@ -123,7 +132,7 @@ def get_task(task_id: str) -> Call[JsonObject]:
     return _obj("GET", f"/tasks/{_segment(task_id)}")
 
 
-def task_messages(task_id: str, params: Mapping[str, str | int | None]) -> Call[JsonObject]:
+def task_messages(task_id: str, **params: str | int | None) -> Call[JsonObject]:
     return _obj("GET", f"/tasks/{_segment(task_id)}/messages", params=_params(**params))
 
 
@@ -137,6 +146,84 @@ def _working_memory(response: httpx.Response) -> dict[str, str]:
 
 def working_memory(task_id: str) -> Call[dict[str, str]]:
     return Call("GET", f"/tasks/{_segment(task_id)}/working-memory", _working_memory)
+
+
+# -- a task's files (its workspace), and a checkpoint's ----------------------------------
+
+
+def _file_path(path: str) -> str:
+    return quote(path.strip("/"), safe="/")
+
+
+def _range(start: int | None, end: int | None) -> dict[str, str]:
+    if start is None and end is None:
+        return {}
+    return {"Range": f"bytes={'' if start is None else start}-{'' if end is None else end}"}
+
+
+def list_files(task_id: str, path: str = "", *, recursive: bool = False) -> Call[JsonObject]:
+    """The entries of a directory of the task's workspace (``files``: path, kind,
+    size, sha256, modified, download), all below it with ``recursive``."""
+    params = _params(path=path or None, recursive="true" if recursive else None)
+    return _obj("GET", f"/tasks/{_segment(task_id)}/files", params=params)
+
+
+def download_file(
+    task_id: str, path: str, *, start: int | None = None, end: int | None = None
+) -> Call[bytes]:
+    """The file's bytes; ``start``/``end`` (inclusive; ``end`` alone: the last
+    ``end`` bytes) ask for a range of them."""
+    return Call(
+        "GET",
+        f"/tasks/{_segment(task_id)}/files/{_file_path(path)}",
+        _bytes,
+        headers=_range(start, end),
+    )
+
+
+def upload_file(task_id: str, path: str, content: bytes) -> Call[JsonObject]:
+    """Write ``content`` as the file (its directories made); between turns, or
+    under ``inputs/`` while one runs. The file's entry."""
+    return _obj(
+        "PUT",
+        f"/tasks/{_segment(task_id)}/files/{_file_path(path)}",
+        content=content,
+        headers={"Content-Type": "application/octet-stream"},
+    )
+
+
+def delete_file(task_id: str, path: str) -> Call[None]:
+    """Remove a file, a symlink or a directory with all it holds."""
+    return Call("DELETE", f"/tasks/{_segment(task_id)}/files/{_file_path(path)}", _nothing)
+
+
+def _checkpoint_files(execution_id: str, checkpoint_id: str) -> str:
+    return f"/v1/execution/{_segment(execution_id)}/checkpoints/{_segment(checkpoint_id)}/files"
+
+
+def list_checkpoint_files(
+    execution_id: str, checkpoint_id: str, path: str = "", *, recursive: bool = False
+) -> Call[JsonObject]:
+    """:meth:`list_files` of the workspace as the checkpoint archived it."""
+    params = _params(path=path or None, recursive="true" if recursive else None)
+    return _obj("GET", _checkpoint_files(execution_id, checkpoint_id), params=params)
+
+
+def download_checkpoint_file(
+    execution_id: str,
+    checkpoint_id: str,
+    path: str,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+) -> Call[bytes]:
+    """:meth:`download_file` of the workspace as the checkpoint archived it."""
+    return Call(
+        "GET",
+        f"{_checkpoint_files(execution_id, checkpoint_id)}/{_file_path(path)}",
+        _bytes,
+        headers=_range(start, end),
+    )
 
 
 # -- agents, skills, assets ---------------------------------------------------------------
@@ -211,7 +298,7 @@ MemoryKind = Literal["knowledge", "episodes", "social"]
 
 
 def search_memory(
-    kind: MemoryKind, query: str, limit: int | None, user_id: str | None
+    kind: MemoryKind, query: str, *, limit: int | None = None, user_id: str | None = None
 ) -> Call[JsonObject]:
     return _obj(
         "GET",
@@ -220,18 +307,18 @@ def search_memory(
     )
 
 
-def save_fact(text: str, user_id: str | None, extra: Mapping[str, Any]) -> Call[JsonObject]:
+def save_fact(text: str, *, user_id: str | None = None, **extra: Any) -> Call[JsonObject]:
     body: JsonObject = {"text": text, **extra}
     if user_id is not None:
         body["user_id"] = user_id
     return _obj("POST", "/memory/knowledge", json=body)
 
 
-def get_fact(fact_id: str, user_id: str | None) -> Call[JsonObject]:
+def get_fact(fact_id: str, *, user_id: str | None = None) -> Call[JsonObject]:
     return _obj("GET", f"/memory/knowledge/{_segment(fact_id)}", params=_params(user_id=user_id))
 
 
-def delete_fact(fact_id: str, user_id: str | None) -> Call[None]:
+def delete_fact(fact_id: str, *, user_id: str | None = None) -> Call[None]:
     return Call(
         "DELETE",
         f"/memory/knowledge/{_segment(fact_id)}",
@@ -240,26 +327,26 @@ def delete_fact(fact_id: str, user_id: str | None) -> Call[None]:
     )
 
 
-def get_soul(user_id: str | None) -> Call[JsonObject]:
+def get_soul(*, user_id: str | None = None) -> Call[JsonObject]:
     return _obj("GET", "/memory/soul", params=_params(user_id=user_id))
 
 
-def put_soul(content: str, user_id: str | None) -> Call[JsonObject]:
+def put_soul(content: str, *, user_id: str | None = None) -> Call[JsonObject]:
     body: JsonObject = {"content": content}
     if user_id is not None:
         body["user_id"] = user_id
     return _obj("PUT", "/memory/soul", json=body)
 
 
-def soul_versions(user_id: str | None) -> Call[JsonObject]:
+def soul_versions(*, user_id: str | None = None) -> Call[JsonObject]:
     return _obj("GET", "/memory/soul/versions", params=_params(user_id=user_id))
 
 
-def export_memory(user_id: str | None) -> Call[bytes]:
+def export_memory(*, user_id: str | None = None) -> Call[bytes]:
     return Call("GET", "/memory/export", _bytes, params=_params(user_id=user_id))
 
 
-def import_memory(ndjson: bytes, user_id: str | None) -> Call[JsonObject]:
+def import_memory(ndjson: bytes, *, user_id: str | None = None) -> Call[JsonObject]:
     return _obj(
         "POST",
         "/memory/import",
@@ -269,7 +356,7 @@ def import_memory(ndjson: bytes, user_id: str | None) -> Call[JsonObject]:
     )
 
 
-def forget_memory(user_id: str | None) -> Call[JsonObject]:
+def forget_memory(*, user_id: str | None = None) -> Call[JsonObject]:
     return _obj("DELETE", "/memory", params=_params(user_id=user_id))
 
 
@@ -292,12 +379,12 @@ def get_execution(execution_id: str) -> Call[JsonObject]:
     return _obj("GET", f"/v1/execution/{_segment(execution_id)}")
 
 
-def list_executions(params: Mapping[str, str | int | None]) -> Call[JsonObject]:
+def list_executions(**params: str | int | None) -> Call[JsonObject]:
     return _obj("GET", "/v1/execution", params=_params(**params))
 
 
 def checkpoint_execution(
-    execution_id: str, state: Mapping[str, Any] | None, label: str | None
+    execution_id: str, state: Mapping[str, Any] | None = None, *, label: str | None = None
 ) -> Call[JsonObject]:
     body: JsonObject = {}
     if state is not None:
@@ -311,7 +398,7 @@ def pause_execution(execution_id: str) -> Call[JsonObject]:
     return _obj("POST", f"/v1/execution/{_segment(execution_id)}/pause")
 
 
-def resume_execution(execution_id: str, checkpoint_id: str | None) -> Call[JsonObject]:
+def resume_execution(execution_id: str, *, checkpoint_id: str | None = None) -> Call[JsonObject]:
     body = {"checkpoint_id": checkpoint_id} if checkpoint_id is not None else {}
     return _obj("POST", f"/v1/execution/{_segment(execution_id)}/resume", json=body)
 

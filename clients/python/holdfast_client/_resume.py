@@ -11,6 +11,7 @@ with blocking or asyncio I/O.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -21,6 +22,8 @@ from holdfast_client.events import Event, ThreadLifecycle, UserMessage, parse_ev
 
 # A replay or reconnect answered with one of these is worth trying again.
 _RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+# A 429 on POST /execute is the tenant's limit on turns: the caller's to wait on.
+_RETRYABLE_POST_STATUSES = frozenset({502, 503, 504})
 
 
 class FrameLike(Protocol):
@@ -84,8 +87,12 @@ class Resumer:
         after_seq: int = 0,
         after_timestamp: int | None = None,
         reconnect: Reconnect = DEFAULT_RECONNECT,
+        idempotency_key: str | None = None,
     ) -> None:
         self.task_id = task_id
+        # Sent with the POST (and with the POST sent again): the engine runs the
+        # message once however often it arrives (README, Sending a message again).
+        self.idempotency_key = idempotency_key or str(uuid.uuid4())
         self.turn_id = turn_id
         # The seq of the last event handed to the caller: the resume cursor.
         self.last_seq = after_seq
@@ -111,7 +118,8 @@ class Resumer:
     def request(self) -> Attempt:
         """The next request to send."""
         if self._body is not None and not self._posted:
-            return Attempt("POST", "/execute", json=self._body)
+            key = {"Idempotency-Key": self.idempotency_key}
+            return Attempt("POST", "/execute", headers=key, json=self._body)
         assert self.task_id is not None  # a POST that answered named it (X-Task-Id)
         params = {"task_id": self.task_id}
         headers: dict[str, str] = {}
@@ -142,12 +150,15 @@ class Resumer:
     def refused(self, response: httpx.Response, body: bytes) -> float:
         """A non-2xx answer: the wait before trying again, or its error raised.
 
-        A ``POST /execute`` refused started nothing, so it is never retried
-        here (a 409 ``TURN_IN_PROGRESS`` is the caller's to decide on).
+        A ``POST /execute`` is sent again on a 502/503/504 (its
+        Idempotency-Key makes that safe); any other refusal started nothing
+        and is the caller's to decide on (a 409 ``TURN_IN_PROGRESS``, a 429
+        for the tenant's turns).
         """
         error = HoldfastError.from_response(response, body)
         posting = self._body is not None and not self._posted
-        if posting or response.status_code not in _RETRYABLE_STATUSES:
+        retryable = _RETRYABLE_POST_STATUSES if posting else _RETRYABLE_STATUSES
+        if response.status_code not in retryable:
             raise error
         self._retry_after = error.retry_after
         return self._next_wait(error)
@@ -211,18 +222,10 @@ class Resumer:
     def lost(self, exc: Exception) -> float:
         """The connection failed: the wait before reconnecting, or raise.
 
-        Before a ``POST /execute`` was answered the turn may or may not have
-        started, and sending it again could start a second one: only a
-        connection that was never made (nothing sent) is tried again.
+        A ``POST /execute`` that dropped before its answer may have started
+        the turn: it is sent again with the same Idempotency-Key, and the
+        engine streams that turn instead of starting another.
         """
-        if self._body is not None and not self._posted and not isinstance(exc, httpx.ConnectError):
-            raise HoldfastError(
-                None,
-                CONNECTION_LOST,
-                f"the connection dropped before the engine answered ({exc!r}); "
-                "the turn may have started: look at the task before sending again",
-                {"task_id": self.task_id} if self.task_id else None,
-            ) from exc
         return self._next_wait(exc)
 
     def _next_wait(self, cause: Exception | None) -> float:

@@ -95,14 +95,48 @@ class ToolResult(BaseEvent):
     error: str | None = None
 
 
+class ToolProgress(BaseEvent):
+    """A running tool call's progress, as its MCP server reported it: ``progress``
+    so far, of ``total`` when known, with the server's ``message``."""
+
+    type: Literal["tool_progress"] = "tool_progress"
+    tool_call_id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+class ToolOutcomeUnknown(BaseEvent):
+    """Nobody knows whether an effectful tool call took effect: it was sent
+    (``sent_at``, epoch ms) and no answer came (``runner_lost_at``: when its
+    runner was found gone, or its time ran out; ``reason`` says which). The
+    engine does not run it again by itself: a ``hitl_request`` of kind
+    ``outcome_unknown`` follows, answered ``retry`` (run it again with the same
+    ``idempotency_key``), ``succeeded`` or ``failed``; the model then sees one result.
+    """
+
+    type: Literal["tool_outcome_unknown"] = "tool_outcome_unknown"
+    tool_call_id: str
+    tool: str
+    input: dict[str, Any]
+    idempotency_key: str
+    attempt: int = 1
+    reason: str
+    sent_at: int | None = None
+    runner_lost_at: int | None = None
+
+
 class HitlRequest(BaseEvent):
     """The turn waits for a person: a permission prompt for a tool call, or a question."""
 
     type: Literal["hitl_request"] = "hitl_request"
     request_id: str
-    kind: Literal["permission", "question"]
+    kind: Literal["permission", "question", "outcome_unknown", "elicitation"]
     question: str
     tool_call: dict[str, Any] | None = None
+    # elicitation: the form an MCP server asks for (a flat JSON Schema object);
+    # answer accept with content matching it, decline or cancel.
+    requested_schema: dict[str, Any] | None = None
     expires_at: int | None = None
 
 
@@ -131,7 +165,9 @@ class CompactionEvent(BaseEvent):
 
 
 class TurnResumed(BaseEvent):
-    """The turn continues on another worker from its last snapshot.
+    """The turn continues on another worker from its last snapshot; or, with
+    ``reason`` ``"model_retry"``, a model call that broke off after output is
+    made again.
 
     Events ``discard_from_seq``..``discard_to_seq`` (inclusive, when set) were
     the partial output of a step that was cut off and is run again: they were
@@ -180,6 +216,34 @@ class Usage(BaseEvent):
     model: str | None = None
     # The turn's active time so far (pauses and waits for a person excluded).
     active_seconds: float = 0.0
+    # True when a model call of the turn reported no usage, or an implausible one
+    # (a local server's constant), and was counted from the engine's estimates.
+    estimated: bool | None = None
+
+
+class Result(BaseEvent):
+    """The turn's structured result (``output_schema``): the model's final answer
+    as JSON, validated against the schema; logged just before ``completed``."""
+
+    type: Literal["result"] = "result"
+    # Any JSON value the schema allows; sent as null when it is null.
+    result: Any
+    # The model's answers it took (2: the first was invalid and corrected).
+    attempts: int = 1
+
+
+class Artifact(BaseEvent):
+    """A file a tool call wrote under the workspace's ``outputs/``, after its
+    ``tool_result``: ``download`` is its path on the API (``Client.download_file``
+    takes the task and ``path``)."""
+
+    type: Literal["artifact"] = "artifact"
+    tool_call_id: str
+    path: str
+    name: str
+    size: int
+    sha256: str
+    download: str
 
 
 class UnknownEvent(BaseEvent):
@@ -195,6 +259,8 @@ KnownEvent = Annotated[
     | ContentBlockStop
     | ToolCall
     | ToolResult
+    | ToolProgress
+    | ToolOutcomeUnknown
     | HitlRequest
     | HitlResolved
     | WorkingMemoryUpdate
@@ -202,7 +268,9 @@ KnownEvent = Annotated[
     | TurnResumed
     | UserMessage
     | Heartbeat
-    | Usage,
+    | Usage
+    | Result
+    | Artifact,
     Field(discriminator="type"),
 ]
 Event = (
@@ -214,6 +282,8 @@ Event = (
     | ContentBlockStop
     | ToolCall
     | ToolResult
+    | ToolProgress
+    | ToolOutcomeUnknown
     | HitlRequest
     | HitlResolved
     | WorkingMemoryUpdate
@@ -222,6 +292,8 @@ Event = (
     | UserMessage
     | Heartbeat
     | Usage
+    | Result
+    | Artifact
     | UnknownEvent
 )
 
@@ -237,6 +309,8 @@ _MODELS: dict[str, type[BaseEvent]] = {
         ContentBlockStop,
         ToolCall,
         ToolResult,
+        ToolProgress,
+        ToolOutcomeUnknown,
         HitlRequest,
         HitlResolved,
         WorkingMemoryUpdate,
@@ -245,6 +319,8 @@ _MODELS: dict[str, type[BaseEvent]] = {
         UserMessage,
         Heartbeat,
         Usage,
+        Result,
+        Artifact,
     )
 }
 EVENT_TYPES = frozenset(_MODELS)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
-from holdfast_client.events import Event, TextDelta, ThinkingDelta, TurnResumed
+from holdfast_client.events import Event, Result, TextDelta, ThinkingDelta, TurnResumed
 
 
 class TurnText:
@@ -16,6 +16,8 @@ class TurnText:
     are removed, so :attr:`text` is always what the model finally said, not
     the interrupted attempt followed by the full one. :attr:`discarded`
     holds the seqs taken back, for a display that has printed them already.
+    A turn sent with an ``output_schema`` ends with its validated answer in
+    :attr:`result` (from its ``result`` event; None before it).
     """
 
     def __init__(self) -> None:
@@ -23,6 +25,7 @@ class TurnText:
         self.discarded: set[int] = set()
         self._text: str | None = ""
         self._thinking: str | None = ""
+        self.result: Any = None
 
     def feed(self, event: Event) -> list[int]:
         """Take in one event; the seqs it discards (already fed), if it is a ``turn_resumed``."""
@@ -34,6 +37,9 @@ class TurnText:
         if kind == "thinking_delta":
             self._pieces.append((event.seq, True, cast(ThinkingDelta, event).text))
             self._thinking = None
+            return []
+        if isinstance(event, Result):
+            self.result = event.result
             return []
         if isinstance(event, TurnResumed) and event.discard_from_seq is not None:
             gone = [seq for seq, _, _ in self._pieces if event.discards(seq)]

@@ -20,6 +20,8 @@ from holdfast_shared.turnlock import TurnLock
 from holdfast_gateway import errors, openapi
 from holdfast_gateway.auth import KeyAuthenticator
 from holdfast_gateway.bodylimit import BodyLimit
+from holdfast_gateway.clock import SystemClock
+from holdfast_gateway.deadline import ResponseDeadline
 from holdfast_gateway.deps import JsonBody
 from holdfast_gateway.fanout import Hub
 from holdfast_gateway.fanout_cluster import ClusterHub
@@ -32,17 +34,22 @@ from holdfast_gateway.routes import (
     console,
     execute,
     executions,
+    files,
     health,
     hitl,
     learning,
     memory,
     metrics,
     replay,
+    schedules,
     skills,
     tasks,
+    webhooks,
 )
+from holdfast_gateway.schedules.scheduler import Scheduler
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.streamtokens import StreamTokens, secret_from_settings
+from holdfast_gateway.webhooks import Deliverer
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -53,7 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
         # First: a gateway that could not keep credentials encrypted does not start.
         vault = vault_from_settings(settings)
         redis = connect(redis_url, max_connections=1000)
-        engine = create_engine(database_url, pool_size=8)
+        engine = create_engine(database_url, pool_size=8, keep=settings.database_pool_size)
         sessions = session_factory(engine)
         keys = Keys(settings.redis_prefix)
         hot_ttl = settings.channel_state_ttl_active
@@ -94,12 +101,18 @@ def create_app(settings: Settings) -> FastAPI:
             stream_tokens=StreamTokens(
                 secret_from_settings(settings), settings.stream_token_ttl_seconds
             ),
+            clock=SystemClock(settings.schedule_clock_offset_seconds),
         )
+        # Completion webhooks: this gateway's share of the outbox (webhooks/delivery.py).
+        deliverer = Deliverer(sessions, vault, settings, listen_url=database_url)
         try:
             async with Background() as background:
                 background.start(hub.run(), name="event-tailer")
+                background.start(Scheduler(app.state.gateway).run(), name="scheduler")
+                background.start(deliverer.run(), name="webhook-deliveries")
                 yield
         finally:
+            await deliverer.aclose()
             await hub.close()
             if embedder is not None:
                 await embedder.aclose()
@@ -119,6 +132,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ResponseDeadline, seconds=settings.request_timeout_seconds)
     # Outside the body limit: it takes only requests without a body (fastlane.py).
     app.add_middleware(ReplayFastLane)
     openapi.install(app, docs=settings.docs_enabled)
@@ -134,6 +148,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(hitl.router)
     app.include_router(tasks.router, responses=errors.responses(*errors.AUTHENTICATED, 404))
     app.include_router(executions.router)
+    app.include_router(schedules.router)
+    app.include_router(files.router)
     app.include_router(agents.router)
     app.include_router(assets.router)
     app.include_router(skills.router)
@@ -143,4 +159,5 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(auth.router)
     app.include_router(console.router)
+    app.include_router(webhooks.router)
     return app

@@ -16,11 +16,12 @@ server drops the rest of the body as it arrives, without keeping it.
 
 from __future__ import annotations
 
-import json
-
 from holdfast_shared.errors import ErrorCode
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from holdfast_gateway.errors import error_body
 
 
 class BodyTooLarge(HTTPException):
@@ -39,7 +40,7 @@ class BodyLimit:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(scope, receive, send)
             return
 
         received = 0
@@ -66,26 +67,12 @@ class BodyLimit:
         except BodyTooLarge:
             if started:
                 raise
-            await self._refuse(send)
+            await self._refuse(scope, receive, send)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": ErrorCode.BODY_TOO_LARGE,
-                "message": f"the request body is larger than {self.max_bytes} bytes",
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = f"the request body is larger than {self.max_bytes} bytes"
+        response = JSONResponse(error_body(ErrorCode.BODY_TOO_LARGE, message), 413)
+        await response(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:

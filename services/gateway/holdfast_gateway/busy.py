@@ -23,9 +23,9 @@ part of; until then only heartbeats flow.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from holdfast_shared.conversation import user_content
 from holdfast_shared.db.models import EventRecord, Message, Turn
@@ -35,6 +35,7 @@ from holdfast_shared.events import UserMessage, parse_event, turn_of
 from holdfast_shared.ids import new_id
 from holdfast_shared.turnqueue import PENDING_BY_MODE, count_pending, start_next
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_gateway.cancelling import request_cancel
 from holdfast_gateway.errors import ApiError
@@ -49,6 +50,21 @@ from holdfast_gateway.turns import StartedTurn, start_turn
 # How often a stream still waiting for its message checks the message is there.
 _GONE_CHECK_SECONDS = 10.0
 _BUSY_CODES = frozenset({ErrorCode.TURN_IN_PROGRESS, ErrorCode.HITL_REQUIRED})
+
+
+class TurnOptions(TypedDict):
+    """What a message asks of its turn besides its text (``POST /execute``'s fields)."""
+
+    task_id: str | None
+    agent: str | None
+    model: str | None
+    media: list[dict[str, Any]]
+    user_id: str
+    # The turn's webhook subscription, checked (webhooks.accepted); None: the tenant's default.
+    webhook: dict[str, Any] | None
+    # Written first in the message's transaction (start_turn's ``claim``): its
+    # Idempotency-Key.
+    claim: Callable[[AsyncSession, TaskRef, str], Awaitable[None]] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,32 +82,21 @@ async def send(
     state: GatewayState,
     tenant_id: str,
     mode: str,
-    *,
     message: str,
-    task_id: str | None,
-    agent: str | None,
-    model: str | None,
-    media: list[dict[str, Any]],
-    user_id: str,
+    **options: Unpack[TurnOptions],
 ) -> StartedTurn | PendingTurn:
     """Start the message's turn now, or store it to wait as ``mode`` says."""
-    kwargs: dict[str, Any] = {
-        "message": message,
-        "agent": agent,
-        "model": model,
-        "media": media,
-        "user_id": user_id,
-    }
+    task_id = options["task_id"]
     if task_id is None or not await _has_pending(state, tenant_id, task_id):
         # Nothing waits: an idle task takes it as an ordinary turn. (Something
         # waiting keeps its place: the message goes behind it, never ahead.)
         try:
-            return await start_turn(state, tenant_id, task_id=task_id, **kwargs)
+            return await start_turn(state, tenant_id, message=message, **options)
         except ApiError as exc:
             if exc.code not in _BUSY_CODES or task_id is None:
                 raise
     assert task_id is not None
-    pending = await _store(state, tenant_id, task_id, mode, **kwargs)
+    pending = await _store(state, tenant_id, task_id, mode, message, options)
     if mode == "interrupt":
         await _cancel_running(state, tenant_id, pending.task.id)
     # The running turn may have ended between our look and the commit, its
@@ -113,12 +118,8 @@ async def _store(
     tenant_id: str,
     name: str,
     mode: str,
-    *,
     message: str,
-    agent: str | None,
-    model: str | None,
-    media: list[dict[str, Any]],
-    user_id: str,
+    options: TurnOptions,
 ) -> PendingTurn:
     await check_storage(state, tenant_id)
     turn_id = new_id("turn")
@@ -128,6 +129,8 @@ async def _store(
             raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"no task {name!r}", {"task_id": name})
         # The tenant's queued-turn limit (429) first: its lock is taken before
         # the task's, in the order start_turn takes them.
+        if options["claim"] is not None:
+            await options["claim"](session, task, turn_id)
         await check_waiting_turn(session, state.settings, tenant_id)
         # The task's row lock orders its queue: the bound below holds under
         # concurrent requests, and arrival order is commit order.
@@ -145,15 +148,16 @@ async def _store(
                 f"(HOLDFAST_MAX_QUEUED_TURNS={limit}); send this one once a turn ended",
                 {"task_id": name, "queued": waiting, "limit": limit},
             )
-        after_seq = await _last_seq(state, task.id)
+        after_seq = await last_seq(state, task.id)
         session.add(
             Turn(
                 id=turn_id,
                 task_id=task.id,
                 status=PENDING_BY_MODE[mode],
-                agent=agent,
-                model=model,
-                user_id=user_id,
+                agent=options["agent"],
+                model=options["model"],
+                user_id=options["user_id"],
+                **({"webhook": options["webhook"]} if options["webhook"] is not None else {}),
             )
         )
         await session.flush()
@@ -163,13 +167,13 @@ async def _store(
                 turn_id=turn_id,
                 position=0,
                 role="user",
-                content=user_content(message, media),
+                content=user_content(message, options["media"]),
             )
         )
     return PendingTurn(task, turn_id, mode, after_seq)
 
 
-async def _last_seq(state: GatewayState, task_id: str) -> int:
+async def last_seq(state: GatewayState, task_id: str) -> int:
     """The task's last logged seq: the message enters the log after it."""
     hot = await state.eventlog.last_hot_seq(task_id)
     if hot is not None:
@@ -224,7 +228,7 @@ async def pending_frames(state: GatewayState, pending: PendingTurn) -> AsyncIter
                 if await _gone(state, pending.turn_id):
                     # Taken into a turn (its event was logged first), or
                     # deleted with its task (then nothing will come).
-                    entry = await _find_in_log(state, task_id, last, pending.turn_id)
+                    entry = await find_in_log(state, task_id, last, pending.turn_id)
                     if entry is None:
                         return
                 continue
@@ -253,7 +257,7 @@ async def _gone(state: GatewayState, turn_id: str) -> bool:
         return await session.scalar(select(Turn.id).where(Turn.id == turn_id)) is None
 
 
-async def _find_in_log(
+async def find_in_log(
     state: GatewayState, task_id: str, after_seq: int, message_id: str
 ) -> tuple[LoggedEvent, str] | None:
     async for page in state.reads.pages_after(task_id, after_seq):
@@ -275,30 +279,15 @@ async def respond(
     state: GatewayState,
     tenant_id: str,
     mode: str,
-    *,
     message: str,
-    task_id: str | None,
-    agent: str | None,
-    model: str | None,
-    media: list[dict[str, Any]],
-    user_id: str,
+    **options: Unpack[TurnOptions],
 ) -> SseResponse:
     """``POST /execute`` with an ``on_busy`` other than ``reject``: the SSE
     response of the turn the message starts or joins (``X-Turn-Id``: the
     message's turn id, which a steer's ``user_message`` names)."""
-    sent = await send(
-        state,
-        tenant_id,
-        mode,
-        message=message,
-        task_id=task_id,
-        agent=agent,
-        model=model,
-        media=media,
-        user_id=user_id,
-    )
-    if isinstance(sent, StartedTurn):
-        started = sent
+    outcome = await send(state, tenant_id, mode, message, **options)
+    if isinstance(outcome, StartedTurn):
+        started = outcome
 
         async def frames() -> AsyncIterator[str]:
             yield frame(started.started)
@@ -311,13 +300,14 @@ async def respond(
             ):
                 yield chunk
 
-        stream, task, turn_id, queued = frames(), started.task, started.turn_id, "no"
+        stream, queued = frames(), "no"
     else:
-        stream, task, turn_id, queued = pending_frames(state, sent), sent.task, sent.turn_id, mode
+        stream, queued = pending_frames(state, outcome), mode
+    task = outcome.task
     return sse_response(
         stream,
         task.name,
         state.settings.heartbeat_seconds,
         # X-Queued: the mode the message waits by, "no" when it started at once.
-        headers={"X-Task-Id": task.name, "X-Turn-Id": turn_id, "X-Queued": queued},
+        headers={"X-Task-Id": task.name, "X-Turn-Id": outcome.turn_id, "X-Queued": queued},
     )

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from holdfast_shared.errors import ErrorCode, HoldfastError
+from holdfast_shared.redisconn import refused_for_memory
 from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -94,25 +95,34 @@ _DESCRIPTIONS = {
         "`AGENT_NOT_FOUND` (also for another tenant's agent), "
         "`MEMORY_NOT_FOUND` (a fact the brain does not hold, also another tenant's), "
         "`SKILL_NOT_FOUND` (also for another tenant's skill), "
+        "`SCHEDULE_NOT_FOUND` (also for another tenant's schedule), "
+        "`WEBHOOK_DELIVERY_NOT_FOUND` (also for another tenant's), "
         "`ASSET_NOT_FOUND` (an Asset Directory server, also another tenant's; "
-        "or an OAuth callback's unknown state)"
+        "or an OAuth callback's unknown state), "
+        "`FILE_NOT_FOUND` (a task's file or directory, also one reached through a symlink)"
     ),
     409: (
         "`TURN_IN_PROGRESS`, `HITL_REQUIRED`, `NO_RUNNING_TURN`, `HITL_ALREADY_ANSWERED`, "
         "`TURN_QUEUE_FULL` (`on_busy`: `HOLDFAST_MAX_QUEUED_TURNS` messages already wait), "
         "`AGENT_EXISTS` (the name is taken), `AGENT_BUILTIN` (built-ins cannot change), "
-        "`SKILL_EXISTS`, `SKILL_BUILTIN`, `ASSET_EXISTS` (the server's name is taken), "
-        "`ASSET_NOT_OAUTH2` (connecting a server that does not use oauth2)"
+        "`SKILL_EXISTS`, `SKILL_BUILTIN`, `SCHEDULE_EXISTS` (the name is taken), "
+        "`ASSET_EXISTS` (the server's name is taken), "
+        "`ASSET_NOT_OAUTH2` (connecting a server that does not use oauth2), "
+        "`INVALID_PATH` (a task's file path where the workspace holds a directory, "
+        "or a file where a directory is meant)"
     ),
     400: (
         "`ASSET_AUTHORIZATION_FAILED`: the OAuth callback's state is unknown or expired, "
-        "or the authorization server refused"
+        "or the authorization server refused; "
+        "`INVALID_PATH`: a task's file path that is absolute, has `.` or `..`, or is too long"
     ),
     410: "`HITL_EXPIRED`: the question expired or its turn ended",
     413: (
         "`BODY_TOO_LARGE`: the body is larger than `HOLDFAST_MAX_BODY_BYTES`; "
-        "`SKILL_TOO_LARGE`: a skill over its file count or size caps (`details.limit`)"
+        "`SKILL_TOO_LARGE`: a skill over its file count or size caps (`details.limit`); "
+        "`WORKSPACE_FULL`: an upload larger than the task's workspace has room for"
     ),
+    416: "`RANGE_NOT_SATISFIABLE`: a download's `Range` starts past the file's end",
     415: (
         "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json` "
         "(`application/x-ndjson` for `/memory/import`; `application/zip` also for `/skills`)"
@@ -221,9 +231,13 @@ def install(app: FastAPI) -> None:
         )
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         # Starlette's ServerErrorMiddleware calls this, then re-raises for the
         # server to log with the traceback; the answer says nothing of it.
+        if refused_for_memory(exc):
+            # Redis full (maxmemory, noeviction: a long PostgreSQL outage leads
+            # there): the store's state, not a bug; retryable once it has room.
+            return await _unavailable(request, exc)
         return JSONResponse(
             error_body(ErrorCode.INTERNAL, "internal error; the gateway logged it"), 500
         )

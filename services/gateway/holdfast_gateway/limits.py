@@ -29,6 +29,7 @@ import hashlib
 import math
 import uuid
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import cast
 
 from holdfast_shared.db.models import Task, Turn
@@ -122,35 +123,41 @@ async def _count(session: AsyncSession, tenant_id: str, statuses: tuple[str, ...
     return int(found or 0)
 
 
+@dataclass(frozen=True, slots=True)
+class _TurnLimit:
+    statuses: tuple[str, ...]
+    setting: str
+    # What the counted turns are doing, and when to retry (for the message).
+    doing: str
+    retry_when: str
+
+
+_RUNNING = _TurnLimit(_ACTIVE, "HOLDFAST_TENANT_MAX_RUNNING_TURNS", "running", "one ended")
+_QUEUED = _TurnLimit(_WAITING, "HOLDFAST_TENANT_MAX_QUEUED_TURNS", "waiting to run", "they started")
+
+
 async def check_new_turn(session: AsyncSession, settings: Settings, tenant_id: str) -> None:
     """Before a turn that starts now (``queued`` for a worker) is written in ``session``'s
     transaction: 429 when the tenant is at its running turns limit."""
-    running = settings.tenant_max_running_turns
-    if running <= 0:
-        return
-    await _serialise(session, tenant_id)
-    if (active := await _count(session, tenant_id, _ACTIVE)) >= running:
-        raise _refuse(
-            f"tenant {tenant_id!r} has {active} turns running "
-            f"(HOLDFAST_TENANT_MAX_RUNNING_TURNS={running}); retry once one ended",
-            "HOLDFAST_TENANT_MAX_RUNNING_TURNS",
-            running,
-            TURNS_RETRY_AFTER_SECONDS,
-        )
+    await _check_turns(session, tenant_id, _RUNNING, settings.tenant_max_running_turns)
 
 
 async def check_waiting_turn(session: AsyncSession, settings: Settings, tenant_id: str) -> None:
     """Before a message is stored to wait for its task (``on_busy``) in ``session``'s
     transaction: 429 when the tenant is at its queued turns limit."""
-    waiting = settings.tenant_max_queued_turns
-    if waiting <= 0:
+    await _check_turns(session, tenant_id, _QUEUED, settings.tenant_max_queued_turns)
+
+
+async def _check_turns(session: AsyncSession, tenant_id: str, limit: _TurnLimit, most: int) -> None:
+    """429 when the tenant has ``most`` turns in ``limit``'s statuses or more (0: no limit)."""
+    if most <= 0:
         return
     await _serialise(session, tenant_id)
-    if (queued := await _count(session, tenant_id, _WAITING)) >= waiting:
+    if (found := await _count(session, tenant_id, limit.statuses)) >= most:
         raise _refuse(
-            f"tenant {tenant_id!r} has {queued} turns waiting to run "
-            f"(HOLDFAST_TENANT_MAX_QUEUED_TURNS={waiting}); retry once they started",
-            "HOLDFAST_TENANT_MAX_QUEUED_TURNS",
-            waiting,
+            f"tenant {tenant_id!r} has {found} turns {limit.doing} "
+            f"({limit.setting}={most}); retry once {limit.retry_when}",
+            limit.setting,
+            most,
             TURNS_RETRY_AFTER_SECONDS,
         )

@@ -3,19 +3,21 @@
 Serves: ``POST /execute`` (a turn, streamed), ``GET /execute/replay``,
 ``POST /execute/cancel``, ``GET /hitl/pending``, ``POST /hitl/respond``,
 ``DELETE /tasks/{task_id}``, ``/agents``, ``/skills``, ``/assets`` (the Asset
-Directory's MCP servers, their OAuth connect and callback), ``GET /health``,
+Directory's MCP servers, their OAuth connect and callback), ``/schedules``,
+``GET /health``,
 ``/openapi.json`` and (unless ``HOLDFAST_DOCS_ENABLED=false``) ``/docs`` with
 its assets from the package.
 Produces: tasks, turns and user messages in PostgreSQL; each turn's
 ``started`` event; turn jobs and resume jobs on ``Keys.turns``; cancel
 nudges on ``Keys.cancels``; workspace removals and MCP server probes on
 ``Keys.tools``; Asset Directory servers with their credentials sealed; SSE streams
-tailed from the task event logs (one tailer per process, ``fanout.py``).
+tailed from the task event logs (one tailer per process, ``fanout.py``);
+schedules' turns at their due times (one scheduler per process, ``schedules/``).
 Guarantees: a refused request writes nothing and gets a JSON error (4xx, or
 503 while a store is down; never a plain-text 500); bodies are capped before
 they are read whole; an accepted message is stored before the turn is
 queued; a stream delivers every seq after its cursor once, in order; task
-names are per tenant.
+names are per tenant; each due time of a schedule fires once across gateways.
 """
 
 from __future__ import annotations

@@ -343,4 +343,3 @@ def _oauth_error(response: httpx2.Response) -> str:
         return ""
     error = body.get("error") if isinstance(body, dict) else None
     return f": {error}" if isinstance(error, str) and error.isascii() and len(error) < 64 else ""
-

@@ -57,11 +57,20 @@ TAGS: list[dict[str, str]] = [
     {"name": "tasks", "description": "A tenant's tasks: status, turns, usage, messages, delete"},
     {"name": "hitl", "description": "Questions and permission prompts a turn waits on"},
     {"name": "executions", "description": "Long-running executions: start, pause, resume, stop"},
+    {
+        "name": "schedules",
+        "description": "Messages sent as turns on a cron, an interval or once; their runs",
+    },
+    {"name": "files", "description": "A task's files: list, download, upload, delete"},
     {"name": "agents", "description": "The tenant's agents (built-in and custom)"},
     {"name": "skills", "description": "Skills an agent can call"},
     {"name": "assets", "description": "MCP servers and their stored credentials"},
     {"name": "memory", "description": "Long-term memory: the soul, facts, episodes, import/export"},
     {"name": "learning", "description": "How far the learning centre is behind"},
+    {
+        "name": "webhooks",
+        "description": "Completion webhooks: the signing secret, the default, deliveries",
+    },
     {"name": "auth", "description": "Stream tokens for clients that cannot send the key"},
     {"name": "health", "description": "Liveness and readiness"},
 ]

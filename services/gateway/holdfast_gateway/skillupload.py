@@ -73,7 +73,9 @@ def _check_entry(info: zipfile.ZipInfo) -> str:
     return check_path(path)
 
 
-def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, budget: int) -> bytes:
+def _read(
+    archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, budget: int, max_total_bytes: int
+) -> bytes:
     """The entry's bytes, counted as they are decompressed."""
     if info.file_size > MAX_FILE_BYTES:  # what the header admits to: refuse at once
         raise SkillTooLarge(
@@ -93,14 +95,14 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, budget: in
                 )
             if len(data) > budget:
                 raise SkillTooLarge(
-                    f"a skill's files together have at most {MAX_TOTAL_BYTES} bytes",
-                    limit=MAX_TOTAL_BYTES,
+                    f"a skill's files together have at most {max_total_bytes} bytes",
+                    limit=max_total_bytes,
                     entry=path,
                 )
     return bytes(data)
 
 
-def read_files(data: bytes) -> dict[str, bytes]:
+def read_files(data: bytes, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> dict[str, bytes]:
     """The folder's files, by path relative to the folder (SKILL.md included)."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
@@ -134,7 +136,7 @@ def read_files(data: bytes) -> dict[str, bytes]:
         total = 0
         for info, path in wanted:
             try:
-                content = _read(archive, info, path, MAX_TOTAL_BYTES - total)
+                content = _read(archive, info, path, max_total_bytes - total, max_total_bytes)
             except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
                 raise SkillInvalid(path, f"cannot be read from the archive: {exc}") from None
             total += len(content)
@@ -158,6 +160,8 @@ def _strip_folder(files: dict[str, bytes]) -> dict[str, bytes]:
     )
 
 
-def read_archive(data: bytes) -> Skill:
-    """The skill in a zip archive, checked (blocking)."""
-    return skill_from_folder(read_files(data))
+def read_archive(data: bytes, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> Skill:
+    """The skill in a zip archive, checked (blocking); its files together within
+    ``max_total_bytes`` (``HOLDFAST_SKILL_MAX_BYTES``)."""
+    files = read_files(data, max_total_bytes=max_total_bytes)
+    return skill_from_folder(files, max_total_bytes=max_total_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from holdfast_gateway.auth import KeyAuthenticator
+from holdfast_gateway.clock import Clock, SystemClock
 from holdfast_gateway.fanout import Hub
 from holdfast_gateway.streamtokens import StreamTokens
 
@@ -42,3 +44,7 @@ class GatewayState:
     # Signs and checks the stream tokens of GET /execute/replay?token= (routes/auth.py).
     stream_tokens: StreamTokens | None = None
     started_at: float = field(default_factory=time.monotonic)
+    # The scheduler's time (HOLDFAST_SCHEDULE_CLOCK_OFFSET_SECONDS moves it, for tests),
+    # and what wakes it: set when a schedule is created or resumed here.
+    clock: Clock = field(default_factory=SystemClock)
+    schedules_changed: asyncio.Event = field(default_factory=asyncio.Event)

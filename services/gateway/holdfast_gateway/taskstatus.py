@@ -352,6 +352,23 @@ async def last_event(eventlog: EventLog, session: AsyncSession, task_id: str) ->
     return LastEvent(best[0], event.timestamp, event)
 
 
+async def last_result(session: AsyncSession, task_id: str) -> dict[str, Any] | None:
+    """The structured result (``output_schema``) of the task's latest turn that
+    ended with one: ``{turn_id, result, finished_at}``; None when none did."""
+    found = (
+        await session.execute(
+            select(Turn.id, Turn.result, Turn.finished_at)
+            .where(Turn.task_id == task_id, Turn.status == "completed", Turn.result.is_not(None))
+            .order_by(Turn.finished_at.desc())
+            .limit(1)
+        )
+    ).first()
+    if found is None:
+        return None
+    turn_id, result, finished_at = found
+    return {"turn_id": turn_id, "result": result, "finished_at": finished_at}
+
+
 def settle_turn(turn: dict[str, Any], last: LastEvent | None) -> dict[str, Any]:
     """The current turn as its log tells it: one whose end is logged but not
     yet on its row (see :func:`settle`) reads as ended."""

@@ -11,6 +11,7 @@ job on the turns stream. A failure after the lock releases it again.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,14 +19,15 @@ from typing import Any, NoReturn
 
 from holdfast_shared.conversation import user_content
 from holdfast_shared.db.models import HitlRequestRecord, Message, Task, Turn
-from holdfast_shared.errors import ErrorCode
-from holdfast_shared.eventlog import LoggedEvent
+from holdfast_shared.errors import ErrorCode, Superseded
+from holdfast_shared.eventlog import LoggedEvent, next_epoch
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, body_json, envelope_json
 from holdfast_shared.ids import created_ms, new_id, new_task_id
 from holdfast_shared.jobs import TurnJob
 from holdfast_shared.observability import tracing
 from holdfast_shared.observability.scopes import traced
 from holdfast_shared.turnqueue import queue_turn
+from redis.exceptions import ResponseError
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -36,6 +38,8 @@ from holdfast_gateway.limits import check_new_turn
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.storagequota import check_storage
 from holdfast_gateway.tasks import TaskRef, lock_task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,9 @@ async def start_turn(
     user_id: str = "",
     fork: ForkRequest | None = None,
     also: Callable[[AsyncSession, TaskRef, str], Awaitable[None]] | None = None,
+    claim: Callable[[AsyncSession, TaskRef, str], Awaitable[None]] | None = None,
+    webhook: dict[str, Any] | None = None,
+    output_schema: dict[str, Any] | None = None,
 ) -> StartedTurn:
     """Start a turn of the tenant's task named ``task_id`` (a new task when
     absent or new to the tenant).
@@ -145,13 +152,23 @@ async def start_turn(
     retried message's content).
 
     ``also(session, task, turn_id)`` writes what else must commit with the
-    turn (an execution's row), in its transaction, before the job is queued."""
+    turn (an execution's row), in its transaction, before the job is queued;
+    ``claim`` likewise, but first, before the task's lock is taken (the
+    message's Idempotency-Key: ``executekeys.py``).
+
+    ``output_schema``: the JSON Schema the turn's answer must meet, already
+    checked (``outputschema.checked``); stored on the turn's row, where the
+    loop-worker reads it.
+
+    ``webhook``: the turn's subscription (``webhooks.accepted``; None: the
+    tenant's default, if any, at each event)."""
     # 507 before anything is written; a turn accepted is never cut short by it.
     await check_storage(state, tenant_id)
     name = task_id or new_id("task")
     turn_id = new_id("turn")
     task: TaskRef | None = None
     locked = False
+    committed = False
     appended = None
     try:
         # One transaction: a refused request (404, 409) rolls back even the
@@ -164,11 +181,20 @@ async def start_turn(
                 raise ApiError(
                     404, ErrorCode.TASK_NOT_FOUND, f"task {name!r} not found", {"task_id": name}
                 )
+            if claim is not None:
+                # First, before the task's lock: a request racing with the same
+                # claim (an Idempotency-Key) waits here for this one's outcome.
+                await claim(session, task, turn_id)
             if not await state.lock.acquire(task.id, turn_id) and not await _take_abandoned_lock(
                 state, task.id, turn_id
             ):
                 await _refuse_busy(state, task)
             locked = True
+            # The turn's first epoch: the stale-turn sweep moves it on before it
+            # judges a turn never announced, so a gateway that stalls past that
+            # judgement finds its ``started`` refused instead of announcing a
+            # turn the sweep removed (recovery._remove_unaccepted).
+            epoch = await next_epoch(state.redis, state.keys, task.id)
             # The tenant's running turns limit (429): after the busy check, so a message
             # for a busy task is told so (or waits, on_busy), and before the turn is
             # written; the lock is released and the transaction rolled back below.
@@ -192,6 +218,9 @@ async def start_turn(
                     agent=agent,
                     model=model,
                     user_id=user_id,
+                    # Left out when None: SQL NULL (the tenant's default), not JSON null.
+                    **({"webhook": webhook} if webhook is not None else {}),
+                    **({"output_schema": output_schema} if output_schema is not None else {}),
                 )
             )
             await session.execute(
@@ -205,6 +234,7 @@ async def start_turn(
             )
             if also is not None:
                 await also(session, task, turn_id)
+        committed = True
         started = ThreadLifecycle(
             phase="started",
             fork_id=forked.fork_id if forked else None,
@@ -213,7 +243,7 @@ async def start_turn(
         )
         body = body_json(started)
         appended = await state.eventlog.append_bodies(
-            task.id, turn_id, [(started.type, body)], name=name, new_task=new_task
+            task.id, turn_id, [(started.type, body)], name=name, new_task=new_task, epoch=epoch
         )
         job = TurnJob(
             task_id=task.id,
@@ -224,8 +254,19 @@ async def start_turn(
             traceparent=tracing.turn_traceparent(task.id, turn_id),
         )
         await queue_turn(state.redis, state.keys, job)
-    except BaseException:
+    except BaseException as exc:
         if not locked or task is None:
+            raise
+        if committed and not isinstance(exc, (ResponseError, Superseded)):
+            # Whether the ``started`` event or the job reached Redis is unknown: a
+            # timeout or a dropped connection can follow a command that ran (a
+            # stalled Redis runs it when it wakes), and a cancelled request stops
+            # waiting for one that may still land. Taking the turn back left a
+            # ``started`` that nothing ends; logging ``errored`` left a turn whose
+            # job then ran. So the turn is left as a gateway that died here leaves
+            # it, holding the task: the stale-turn sweep runs it if its ``started``
+            # was logged and removes it (freeing the task) if not.
+            log.warning("turn %s: start outcome unknown (%r); left to the sweep", turn_id, exc)
             raise
         if appended is None:
             # Never announced: take the turn back entirely, so the client's
@@ -249,6 +290,15 @@ async def start_turn(
                 )
         with contextlib.suppress(Exception):
             await state.lock.release(task.id, turn_id)
+        if isinstance(exc, Superseded):
+            # Refused, so nothing of the turn reached Redis: this gateway stalled
+            # past the sweep's judgement, which took the turn back (or is about to).
+            raise ApiError(
+                503,
+                ErrorCode.UNAVAILABLE,
+                "the turn was not started (this gateway stalled while starting it); retry",
+                headers={"Retry-After": "1"},
+            ) from None
         raise
     data = envelope_json(name, turn_id, appended.first_seq, appended.timestamps[0], body)
     return StartedTurn(task, turn_id, LoggedEvent(appended.first_seq, started.type, data))

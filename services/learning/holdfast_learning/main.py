@@ -30,7 +30,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,7 +50,7 @@ from redis.exceptions import RedisError
 
 from holdfast_learning.arqredis import arq_pool
 from holdfast_learning.consumer import BatchSettings, TrajectoryConsumer
-from holdfast_learning.extract import Extractor
+from holdfast_learning.extract import Extractor, Yielding
 from holdfast_learning.learner import Learner
 from holdfast_learning.missed_sweep import sweep
 from holdfast_learning.retention import delete_expired_snapshots
@@ -104,12 +104,21 @@ async def learning_centre(settings: Settings) -> AsyncIterator[dict[str, Any]]:
     """What the cron jobs and the trajectory intake share, for the process's life:
     an arq worker rebuilt after a failover (``serve``) finds it unchanged."""
     redis_url, database_url = settings.require_urls()
-    engine = create_engine(database_url, pool_size=4)
+    engine = create_engine(database_url, pool_size=4, keep=settings.database_pool_size)
     keys = Keys(settings.redis_prefix)
     sessions = session_factory(engine)
     providers = ProviderRegistry.from_env(os.environ, settings.model)
-    extractor = Extractor(providers, settings.learning_model)
     redis = connect(redis_url, max_connections=20)
+    extractor = Extractor(
+        providers,
+        settings.learning_model,
+        yielding=Yielding(
+            redis,
+            keys,
+            concurrency=settings.learning_concurrency,
+            at_most_seconds=settings.learning_yield_seconds,
+        ),
+    )
     embedder = embedders.from_settings(settings)
     intake: asyncio.Task[None] | None = None
     try:
@@ -177,19 +186,25 @@ def build_worker(
         redis_pool=redis_pool,
         ctx=ctx,
         log_results=False,
+        # serve() owns SIGTERM/SIGINT across workers (a cluster may need several).
+        handle_signals=False,
     )
 
 
 async def serve() -> None:
     settings = get_settings()
     stop = asyncio.Event()
+    # Our handlers, for the whole run: arq's own (``handle_signals``) go with
+    # each worker, and a signal that came between two workers (a cluster's
+    # master lost, the next one still being looked for) was swallowed by a
+    # worker already done, so the process ran on until SIGKILL.
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     async with learning_centre(settings) as ctx:
         while not stop.is_set():
             try:
                 await _run_arq(settings, ctx, stop)
-                break
-            except asyncio.CancelledError:
-                # arq's own SIGTERM/SIGINT handler stops the worker by cancelling its main task.
                 break
             except RedisError as exc:
                 if not settings.redis_cluster:
@@ -197,30 +212,58 @@ async def serve() -> None:
                 # The master of arq's slot died (or gave the slot up): arq's client
                 # is bound to it, so a new worker goes to the slot's new master.
                 log.warning("arq lost its Redis master (%s); restarting it on the new one", exc)
-            # arq's signal handlers went with its worker: until the next one, ours.
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, stop.set)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), _ARQ_RESTART_SECONDS)
     log.info("learning worker stopped")
 
 
 async def _run_arq(settings: Settings, ctx: dict[str, Any], stop: asyncio.Event) -> None:
-    pool = await arq_pool(settings)
+    """One arq worker until ``stop`` (it returns) or its Redis fails (RedisError)."""
+    # Finding the slot's master can take a while (its old master dead, the cluster
+    # not failed over yet): a SIGTERM meanwhile stops the search, not only the next step.
+    finding = asyncio.create_task(arq_pool(settings))
+    if not await _until_stopped(finding, stop):
+        ended = finding.done() and not finding.cancelled() and finding.exception() is None
+        if ended and (found := finding.result()) is not None:
+            await found.aclose()  # found just as the stop came
+        return
+    pool = finding.result()
     try:
-        if stop.is_set():
-            return  # stopped while the pool was being found
-        # No await from here to the worker's creation, which installs arq's handlers.
         worker = build_worker(settings, ctx, pool)
+        running = asyncio.create_task(worker.async_run())
         try:
-            await worker.async_run()
+            if not await _until_stopped(running, stop, on_stop=worker.handle_sig):
+                return
+            running.result()  # arq returns only on failure (a RedisError is retried)
         finally:
             with contextlib.suppress(RedisError):
                 await worker.close()
     finally:
         if pool is not None:
             await pool.aclose()
+
+
+async def _until_stopped(
+    work: asyncio.Task[Any],
+    stop: asyncio.Event,
+    *,
+    on_stop: Callable[[signal.Signals], None] | None = None,
+) -> bool:
+    """Wait for ``work``; on ``stop`` first, end it (``on_stop``, arq's own way of
+    stopping: its jobs and main task cancelled; then a cancel, again if one is
+    lost) and return False once it has ended."""
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(stopped)
+    if work.done() and not stop.is_set():
+        return True
+    if not work.done() and on_stop is not None:
+        on_stop(signal.SIGTERM)
+    with contextlib.suppress(RedisError):
+        await cancel_and_wait(work)
+    return False
 
 
 def main() -> None:

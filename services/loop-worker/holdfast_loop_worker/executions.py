@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from holdfast_shared.db.models import ChannelStateSnapshot, Execution, Turn
-from holdfast_shared.errors import ErrorCode, TurnSignal
+from holdfast_shared.db.models import Execution
+from holdfast_shared.errors import ErrorCode, Superseded, TurnSignal
 from holdfast_shared.eventlog import EventLog
 from holdfast_shared.events import ErrorEvent
 from holdfast_shared.executions import RollbackTarget, roll_back
@@ -52,7 +52,6 @@ from holdfast_shared.workspace_checkpoints.requests import (
     checkpoint_workspace,
 )
 from redis.asyncio import Redis
-from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from holdfast_loop_worker.lease import Leases
@@ -234,6 +233,10 @@ async def park_paused(turn: TurnHandle, ctx: _Context, *, cut: bool = False) -> 
     ``cut``: a model call was cut off; the snapshot keeps the last boundary's
     ``last_seq``, so the resumer names the call's partial output (as after a
     hand-back).
+
+    ``handed_back`` instead when the pause was withdrawn meanwhile (a resume
+    raced it): the turn goes on from the snapshot on whichever worker takes its
+    job. ``Superseded`` when this worker's lease lapsed and another holds the turn.
     """
     job = turn.job
     await turn.snapshot("pause", advance=not cut)
@@ -242,25 +245,27 @@ async def park_paused(turn: TurnHandle, ctx: _Context, *, cut: bool = False) -> 
     # with the row marked, so the execution reads paused exactly when no worker
     # holds the turn any more.
     async with ctx.sessions.begin() as session:
-        # A pause may last as long as a question may wait: the snapshot must too.
-        newest = (
-            select(ChannelStateSnapshot.id)
-            .where(ChannelStateSnapshot.turn_id == job.turn_id)
-            .order_by(ChannelStateSnapshot.id.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        await session.execute(
-            update(ChannelStateSnapshot)
-            .where(ChannelStateSnapshot.id == newest)
-            .values(expires_at=datetime.now(UTC) + ctx.snapshots.hitl_ttl)
-        )
-        await session.execute(
-            update(Turn)
-            .where(Turn.id == job.turn_id, Turn.lease_owner == ctx.leases.owner)
-            .values(status="paused", lease_owner=None, lease_until=None)
-        )
-        await executions.mark_paused(session, job.task_id, turn.state.active_ms)
+        # Read under the execution's row lock, which a resume takes to withdraw
+        # the request: a pause withdrawn by now (a resume raced this stop, or a
+        # late pause message cut a resumed call) is not carried out.
+        await executions.lock_for_pause(session, job.task_id)
+        if await ctx.redis.get(ctx.keys.pause(job.task_id)) != job.turn_id:
+            withdrawn = True
+        else:
+            withdrawn = False
+            # A pause may last as long as a question may wait: the snapshot must too.
+            await ctx.snapshots.keep_latest_while_parked(session, job.turn_id)
+            if not await ctx.leases.release_in(session, job.turn_id, status="paused"):
+                # Our lease lapsed and another worker runs the turn: it parks it
+                # (or goes on), and this worker's view of the execution is stale.
+                raise Superseded()
+            await executions.mark_paused(session, job.task_id, turn.state.active_ms)
+    if withdrawn:
+        # Went on from the snapshot just taken by whoever takes the job (the
+        # resume queued one too; the second to come finds the turn taken or over).
+        await ctx.leases.release(job.turn_id)
+        await turn.requeue(TurnJob.resuming(job.tenant_id, job.task_id, job.turn_id))
+        return "handed_back"
     if ctx.tools is not None:
         # A pause may last hours, and checkpoints are taken during one: what the
         # task's tools left running (a stdio MCP server, which a turn's end would
@@ -311,15 +316,8 @@ async def _retry(turn: TurnHandle, ctx: _Context, run: ExecutionRun, reason: str
     False when no attempt is left (or the task moved on)."""
     job = turn.job
     async with ctx.sessions.begin() as session:
-        attempt = await session.scalar(
-            update(Execution)
-            .where(
-                Execution.id == run.execution_id,
-                Execution.status == "running",
-                Execution.attempts < run.retry_max_attempts,
-            )
-            .values(attempts=Execution.attempts + 1, failure_reason=None)
-            .returning(Execution.attempts)
+        attempt = await executions.count_attempt(
+            session, run.execution_id, max_attempts=run.retry_max_attempts
         )
     if attempt is None:
         return False
@@ -360,16 +358,8 @@ async def _roll_back_for_retry(turn: TurnHandle, ctx: _Context, run: ExecutionRu
     async with ctx.sessions.begin() as session:
         # Ours until the backoff ends: should this worker die meanwhile, the
         # lease lapses and whoever takes the job over runs the retry.
-        await session.execute(
-            update(Turn)
-            .where(Turn.id == turn.job.turn_id)
-            .values(
-                status="running",
-                stop_reason=None,
-                finished_at=None,
-                lease_owner=ctx.leases.owner,
-                lease_until=datetime.now(UTC)
-                + timedelta(seconds=run.retry_backoff_seconds)
-                + ctx.leases.duration,
-            )
+        await ctx.leases.hold_in(
+            session,
+            turn.job.turn_id,
+            seconds=run.retry_backoff_seconds,
         )

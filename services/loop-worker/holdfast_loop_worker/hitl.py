@@ -19,11 +19,18 @@ from holdfast_shared.ids import new_id
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from holdfast_loop_worker.webhook_outbox import question_insert
+
+# permission: before a tool call; question: the model's own (ask_user);
+# outcome_unknown: an effectful call whose outcome nobody knows (retry/succeeded/failed);
+# elicitation: an MCP server's question during a call (the turn waits, not parked).
+Kind = Literal["permission", "question", "outcome_unknown", "elicitation"]
+
 
 @dataclass(frozen=True, slots=True)
 class Question:
     request_id: str
-    kind: Literal["permission", "question"]
+    kind: Kind
     question: str
     tool_call: dict[str, Any] | None
     expires_at_ms: int
@@ -36,6 +43,8 @@ class Answer:
     answer: str | None = None
     feedback: str | None = None
     content_blocks: list[dict[str, Any]] | None = None
+    # An elicitation's accepted form data.
+    content: dict[str, Any] | None = None
 
 
 class HumanChannel:
@@ -49,12 +58,15 @@ class HumanChannel:
         tenant_id: str,
         task_id: str,
         turn_id: str,
-        kind: Literal["permission", "question"],
+        kind: Kind,
         question: str,
         tool_call: dict[str, Any] | None = None,
+        ttl_seconds: float | None = None,
     ) -> Question:
+        """``ttl_seconds``: this request's own bound, under the channel's."""
         request_id = new_id("hitl")
-        expires = datetime.now(UTC) + self.ttl
+        ttl = self.ttl if ttl_seconds is None else min(self.ttl, timedelta(seconds=ttl_seconds))
+        expires = datetime.now(UTC) + ttl
         async with self.sessions.begin() as session:
             session.add(
                 HitlRequestRecord(
@@ -66,6 +78,19 @@ class HumanChannel:
                     question=question,
                     tool_call=tool_call,
                     expires_at=expires,
+                )
+            )
+            # The subscriber hears of the question with it, or not at all.
+            await session.execute(
+                question_insert(
+                    tenant_id=tenant_id,
+                    task_id=task_id,
+                    turn_id=turn_id,
+                    request_id=request_id,
+                    kind=kind,
+                    question=question,
+                    tool_call=tool_call,
+                    expires_at_ms=int(expires.timestamp() * 1000),
                 )
             )
         return Question(request_id, kind, question, tool_call, int(expires.timestamp() * 1000))
@@ -94,11 +119,28 @@ class HumanChannel:
                     .values(status="expired")
                 )
             return question, Answer("expired")
-        blocks = (row.answer_content or {}).get("blocks")
-        return question, Answer(row.status, row.answer, row.feedback, blocks)
+        stored = row.answer_content or {}
+        return question, Answer(
+            row.status, row.answer, row.feedback, stored.get("blocks"), stored.get("content")
+        )
+
+    async def expire(self, request_id: str) -> bool:
+        """End a pending request now (its asker stopped waiting); False if it was answered."""
+        async with self.sessions.begin() as session:
+            ended = await session.scalar(
+                update(HitlRequestRecord)
+                .where(
+                    HitlRequestRecord.request_id == request_id,
+                    HitlRequestRecord.status == "pending",
+                )
+                .values(status="expired")
+                .returning(HitlRequestRecord.request_id)
+            )
+        return ended is not None
 
     async def expire_overdue(self, limit: int = 100) -> list[tuple[str, str, str]]:
-        """Mark pending requests past their TTL expired; their (tenant, task, turn)."""
+        """Mark pending requests past their TTL expired; their (tenant, task, turn)
+        to resume (an elicitation's turn never parked for it: not those)."""
         async with self.sessions.begin() as session:
             rows = (
                 await session.execute(
@@ -109,6 +151,9 @@ class HumanChannel:
                             .where(
                                 HitlRequestRecord.status == "pending",
                                 HitlRequestRecord.expires_at <= datetime.now(UTC),
+                                # Its turn is not parked: it ends the request itself
+                                # (or died with it), and has nothing to resume.
+                                HitlRequestRecord.kind != "elicitation",
                             )
                             .limit(limit)
                         )

@@ -103,12 +103,38 @@ class Leases:
 
     async def release(self, turn_id: str, *, status: str | None = None) -> None:
         """Give the turn up (to be resumed at once by whoever gets its next job)."""
+        async with self.sessions.begin() as session:
+            await self.release_in(session, turn_id, status=status)
+
+    async def release_in(
+        self, session: AsyncSession, turn_id: str, *, status: str | None = None
+    ) -> bool:
+        """:meth:`release` within ``session``'s transaction (with what else it commits);
+        False when this worker no longer held the turn (its lease lapsed and another
+        worker took it)."""
         values: dict[str, object] = {"lease_owner": None, "lease_until": None}
         if status is not None:
             values["status"] = status
-        async with self.sessions.begin() as session:
-            await session.execute(
-                update(Turn)
-                .where(Turn.id == turn_id, Turn.lease_owner == self.owner)
-                .values(**values)
+        released = await session.scalar(
+            update(Turn)
+            .where(Turn.id == turn_id, Turn.lease_owner == self.owner)
+            .values(**values)
+            .returning(Turn.id)
+        )
+        return released is not None
+
+    async def hold_in(self, session: AsyncSession, turn_id: str, *, seconds: float) -> None:
+        """The turn running again and ours for ``seconds`` plus a lease, whatever
+        its row said (an ended turn an execution retries): should this worker
+        die meanwhile, the lease lapses and whoever takes the job over goes on."""
+        await session.execute(
+            update(Turn)
+            .where(Turn.id == turn_id)
+            .values(
+                status="running",
+                stop_reason=None,
+                finished_at=None,
+                lease_owner=self.owner,
+                lease_until=datetime.now(UTC) + timedelta(seconds=seconds) + self.duration,
             )
+        )

@@ -47,7 +47,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from holdfast_loop_worker.consumer import TurnConsumer
-from holdfast_loop_worker.context.engine import ContextEngine, ContextSettings, check_fits
+from holdfast_loop_worker.context.engine import ContextEngine, ContextSettings, unfit
 from holdfast_loop_worker.context.memory import BrainMemory
 from holdfast_loop_worker.context.working_memory import WorkingMemoryStore
 from holdfast_loop_worker.hitl import HumanChannel
@@ -72,7 +72,8 @@ def _checked_providers(
 ) -> tuple[ProviderRegistry, ContextSettings, embedders.Embedder | None]:
     """The providers, context settings and embedder the worker serves with.
 
-    Settings no turn could run with stop the worker here, not mid-turn.
+    Settings no turn could run with stop the worker here, not mid-turn; a
+    model whose window is too small is not such a setting (:func:`unfit_models`).
     """
     providers = ProviderRegistry.from_env(os.environ, settings.model)
     for agent, spec in settings.agent_models.items():
@@ -83,17 +84,38 @@ def _checked_providers(
         threshold=settings.compaction_threshold,
         compaction_model=settings.compaction_model,
         tool_result_chars=settings.tool_result_context_chars,
+        max_output_tokens=settings.max_output_tokens,
+        model_max_output_tokens=settings.model_max_output_tokens,
+        agent_max_output_tokens=settings.agent_max_output_tokens,
     )
     try:
-        default = providers.resolve(None)
-        for builtin in builtin_agents().values():  # the largest one decides
-            check_fits(context_settings, default.model, builtin.system_prompt, builtin.tool_specs())
         if settings.compaction_model:
             providers.resolve(settings.compaction_model)
         embedder = embedders.from_settings(settings)
     except ValueError as exc:
         raise _InvalidSettings(providers, str(exc)) from None
     return providers, context_settings, embedder
+
+
+def unfit_models(
+    settings: Settings, providers: ProviderRegistry, context: ContextSettings
+) -> dict[str, str]:
+    """``provider:model`` → why, for the models (the default and the agents')
+    whose window cannot hold a built-in agent even trimmed. The worker keeps
+    running and says so (``liveness.announce_worker``): the gateway refuses
+    turns for them (422 ``MODEL_UNAVAILABLE``) and ``/health`` is degraded,
+    rather than a worker that exits and restarts while turns wait for it."""
+    found: dict[str, str] = {}
+    for spec in {None, *settings.agent_models.values()}:
+        choice = providers.resolve(spec)
+        named = f"{choice.provider.name}:{choice.model}"
+        for builtin in builtin_agents().values():
+            why = unfit(context, choice.model, builtin.system_prompt, builtin.tool_specs())
+            if why is not None:
+                log.error("loop-worker: %s cannot be served: %s", named, why)
+                found[named] = why
+                break
+    return found
 
 
 class _InvalidSettings(Exception):
@@ -168,6 +190,7 @@ def _turn_context(
             permission=settings.permission_override,
             network_agents=frozenset(settings.network_agents),
             timeout_seconds=settings.tool_timeout_seconds,
+            retries=settings.tool_retries,
         ),
         context=context,
         max_iterations=settings.max_iterations,
@@ -184,6 +207,7 @@ def _presence(
     keys: Keys,
     worker_id: str,
     providers: ProviderRegistry,
+    unavailable: dict[str, str],
 ) -> runtime.Presence:
     async def announce() -> None:
         await liveness.announce_worker(
@@ -193,6 +217,7 @@ def _presence(
             providers.names,
             default_model=providers.default_model,
             ttl_seconds=settings.liveness_seconds,
+            unavailable=unavailable,
         )
 
     return runtime.Presence(
@@ -213,7 +238,12 @@ def _start_sweeps(background: Background, settings: Settings, ctx: TurnContext) 
     """Question expiry, the stale-turn sweep and the waiting-message sweep."""
     sessions, redis, keys, eventlog = ctx.sessions, ctx.redis, ctx.keys, ctx.eventlog
     background.start(
-        every(30.0, lambda: _expire_questions(ctx.human, redis, keys), what="expiring questions"),
+        every(
+            # A short TTL (a test's, a demo's) is acted on within a quarter of it.
+            min(30.0, max(1.0, settings.channel_state_ttl_hitl / 4)),
+            lambda: _expire_questions(ctx.human, redis, keys),
+            what="expiring questions",
+        ),
         name="expire-questions",
     )
     background.start(
@@ -272,7 +302,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     # and two for the archiver and the sweeps: a connection opened past the
     # pool is closed when it is returned, and at 4 slots a smaller pool opened
     # more than one PostgreSQL connection a turn (a backend forked each time).
-    engine = create_engine(database_url, pool_size=min(8, settings.worker_concurrency + 2))
+    engine = create_engine(
+        database_url,
+        pool_size=min(8, settings.worker_concurrency + 2),
+        keep=settings.database_pool_size,
+    )
     keys = Keys(settings.redis_prefix)
     inbox = Inbox(redis, keys, worker_id)
     leases = Leases(
@@ -284,7 +318,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     ctx = _turn_context(settings, engine, redis, keys, providers, context, inbox, leases)
 
     consumer = _consumer(settings, ctx, leases, worker_id)
-    presence = _presence(settings, redis_url, redis, keys, worker_id, providers)
+    unavailable = unfit_models(settings, providers, context_settings)
+    presence = _presence(settings, redis_url, redis, keys, worker_id, providers, unavailable)
     archiver = Archiver(ctx.eventlog, settings.archive_interval_seconds)
     # Everything it serves with is imported now (the provider SDKs with the registry).
     runtime.settle_heap()

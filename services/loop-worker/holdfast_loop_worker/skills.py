@@ -75,9 +75,17 @@ class TurnSkills:
             _by_name={skill.name: skill for skill in found},
         )
 
-    def system_prompt(self, base: str) -> str:
-        """The agent's system prompt with the Skills section (if any) after it."""
-        section = catalogue.skills_section(self.skills, sandbox=self.sandbox)
+    def system_prompt(self, base: str, *, brief: bool = False) -> str:
+        """The agent's system prompt with the Skills section (if any) after it;
+        ``brief``: the skills by name only (for a small context window)."""
+        if brief and self.skills:
+            names = ", ".join(skill.name for skill in self.skills)
+            section = (
+                "# Skills\n\nCall the `skill` tool with a skill's name to read its "
+                f"instructions before work it fits. Your skills: {names}."
+            )
+        else:
+            section = catalogue.skills_section(self.skills, sandbox=self.sandbox)
         return f"{base}\n\n{section}" if section else base
 
     @property

@@ -23,12 +23,21 @@ other.
 
 When both reasons were requested, ``cancel`` wins: the user asked for the
 turn to stop, and a hand-back would only run it again elsewhere.
+
+A request not taken within ``RECANCEL_SECONDS`` is sent again: on CPython
+3.11 ``asyncio.wait_for`` drops a cancel that lands in the tick its inner
+future completes (python/cpython#86296), and every Redis command goes
+through one (redis-py). A turn that lost its stop streamed on: a delete
+answered 409 after waiting 8 s for it, a Ctrl-C's hand-back waited out the
+services' 10 s grace.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any, Literal
+
+from holdfast_shared.background import RECANCEL_SECONDS
 
 StopReason = Literal["cancel", "handoff", "pause"]
 
@@ -43,6 +52,7 @@ class TurnStop:
         # Set once the turn took its stop: it is ending, and a later request
         # (a second cancel, say two interrupts racing) must not cut that short.
         self._stopping = False
+        self._again: asyncio.TimerHandle | None = None
 
     def bind(self, task: asyncio.Task[Any]) -> None:
         """The task that runs the turn: the one :meth:`request` cancels."""
@@ -57,9 +67,22 @@ class TurnStop:
             return True
         if self.reason != "cancel":
             self.reason = reason
+        self._cancel(task)
+        return True
+
+    def _cancel(self, task: asyncio.Task[Any]) -> None:
         self._requested += 1
         task.cancel()
-        return True
+        if self._again is None:
+            loop = asyncio.get_running_loop()
+            self._again = loop.call_later(RECANCEL_SECONDS, self._send_again)
+
+    def _send_again(self) -> None:
+        """The turn has not taken its stop yet: its cancel may have been lost."""
+        self._again = None
+        task = self._task
+        if task is not None and not task.done() and not self._stopping and self._requested:
+            self._cancel(task)
 
     def consume(self) -> StopReason | None:
         """From the turn's ``except CancelledError``: the reason the turn was
@@ -75,4 +98,7 @@ class TurnStop:
             task.uncancel()
         self._requested = 0
         self._stopping = True
+        if self._again is not None:
+            self._again.cancel()
+            self._again = None
         return self.reason

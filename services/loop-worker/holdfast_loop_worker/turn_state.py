@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from holdfast_shared.db.models import ChannelStateSnapshot
-from sqlalchemy import Insert, insert, select
+from sqlalchemy import Insert, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 Stage = Literal["model", "tools", "final"]
@@ -42,6 +42,14 @@ class PendingCall:
     # Its hitl_request event was logged. Parking snapshots after that event, so a
     # resume's scan of the log past the snapshot no longer shows it.
     hitl_announced: bool = False
+    # The question settling its unknown outcome (an effectful call whose runner
+    # was lost: turn/hitl.py), and whether its events were logged.
+    settle_request: str | None = None
+    settle_announced: bool = False
+    # The questions of this call whose hitl_resolved was logged: a later park (an
+    # outcome_unknown after the permission) snapshots past that event, so a resume's
+    # scan of the log no longer shows it and would log the answer again.
+    resolved: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -59,6 +67,11 @@ class TurnState:
     working_memory: dict[str, str] = field(default_factory=dict)
     # Provider-reported prompt tokens per locally estimated one (context/tokens.py).
     calibration: float = 1.0
+    # A turn with an output schema (turn/result.py): the final answers checked,
+    # the valid one ({"value": ...}), or the errors of the last invalid one.
+    answers: int = 0
+    result: dict[str, Any] | None = None
+    result_errors: list[dict[str, str]] | None = None
 
     def add_usage(self, counts: dict[str, int]) -> None:
         for name, value in counts.items():
@@ -71,6 +84,31 @@ class TurnState:
     def from_json(cls, data: dict[str, Any]) -> TurnState:
         pending = [PendingCall(**call) for call in data.get("pending", [])]
         return cls(**{**data, "pending": pending})
+
+    def copy(self) -> TurnState:
+        return TurnState.from_json(self.to_json())
+
+
+def cut_off(boundary: TurnState, now: TurnState) -> TurnState:
+    """What a snapshot taken in the middle of a step keeps (a hand-back, a pause
+    that cuts a model call): the state of the last boundary ``boundary``, with
+    the time and usage counted since (``now``'s: the cut-off call was billed).
+
+    Not ``now`` itself: a step changes the state before its own snapshot
+    commits (the model step sets stage ``final`` and takes the position of its
+    message), and a stop that lands in that snapshot would keep a finished
+    stage whose message never got stored: the resumed turn would end without
+    the answer (the cluster chaos run of 2026-11-27).
+    """
+    kept = boundary.copy()
+    kept.active_ms = now.active_ms
+    kept.usage = dict(now.usage)
+    kept.calibration = now.calibration
+    return kept
+
+
+# How long a parked turn's snapshot (and its task's lock) outlives its question.
+PARKED_GRACE = timedelta(hours=1)
 
 
 class Snapshots:
@@ -85,37 +123,66 @@ class Snapshots:
         self.sessions = sessions
         self.reads = reads or sessions
         self.active_ttl = timedelta(seconds=active_ttl_seconds)
-        self.hitl_ttl = timedelta(seconds=hitl_ttl_seconds)
+        # A parked turn's snapshot outlives its question by PARKED_GRACE: the
+        # question's expiry is acted on by a sweep and a resume, which need the
+        # snapshot to end the turn as "expired"; had it expired with the
+        # question, the resume would find nothing and ask again.
+        self.hitl_ttl = timedelta(seconds=hitl_ttl_seconds) + PARKED_GRACE
 
     async def save(self, task_id: str, turn_id: str, reason: str, state: TurnState) -> None:
         async with self.sessions.begin() as session:
-            self.add(session, task_id, turn_id, reason, state)
+            self.add(session, task_id, turn_id, reason, state.to_json())
 
     def add(
-        self, session: AsyncSession, task_id: str, turn_id: str, reason: str, state: TurnState
+        self,
+        session: AsyncSession,
+        task_id: str,
+        turn_id: str,
+        reason: str,
+        state_json: dict[str, Any],
     ) -> None:
-        """Add a snapshot to ``session``'s transaction (committed with whatever else it holds)."""
+        """Add a snapshot (``TurnState.to_json()``) to ``session``'s transaction
+        (committed with whatever else it holds)."""
         ttl = self.hitl_ttl if reason == "hitl" else self.active_ttl
         session.add(
             ChannelStateSnapshot(
                 task_id=task_id,
                 turn_id=turn_id,
                 reason=reason,
-                state=state.to_json(),
+                state=state_json,
                 expires_at=datetime.now(UTC) + ttl,
             )
         )
 
-    def statement(self, task_id: str, turn_id: str, reason: str, state: TurnState) -> Insert:
-        """The snapshot as one INSERT, for a caller that sends it with other writes in one
-        statement (``EventLog``'s ``Writes``: no ORM flush, no transaction of its own)."""
+    def statement(
+        self, task_id: str, turn_id: str, reason: str, state_json: dict[str, Any]
+    ) -> Insert:
+        """The snapshot (``TurnState.to_json()``) as one INSERT, for a caller that sends
+        it with other writes in one statement (``EventLog``'s ``Writes``: no ORM flush,
+        no transaction of its own)."""
         ttl = self.hitl_ttl if reason == "hitl" else self.active_ttl
         return insert(ChannelStateSnapshot).values(
             task_id=task_id,
             turn_id=turn_id,
             reason=reason,
-            state=state.to_json(),
+            state=state_json,
             expires_at=datetime.now(UTC) + ttl,
+        )
+
+    async def keep_latest_while_parked(self, session: AsyncSession, turn_id: str) -> None:
+        """The turn's newest snapshot kept as long as a question may wait (a paused
+        turn's: a pause may last that long too)."""
+        newest = (
+            select(ChannelStateSnapshot.id)
+            .where(ChannelStateSnapshot.turn_id == turn_id)
+            .order_by(ChannelStateSnapshot.id.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        await session.execute(
+            update(ChannelStateSnapshot)
+            .where(ChannelStateSnapshot.id == newest)
+            .values(expires_at=datetime.now(UTC) + self.hitl_ttl)
         )
 
     async def latest(self, turn_id: str) -> TurnState | None:

@@ -165,11 +165,14 @@ async def run_tool(
     timeout_seconds: float,
     launchers: Launchers | None = None,
     skill_mounts: tuple[tuple[Path, str], ...] = (),
+    idempotency_key: str | None = None,
 ) -> ToolOutcome:
     """Run one built-in tool in the task's sandbox; failures come back as ``error``.
 
     ``launchers``: the runner's pool of processes spawned ahead of calls;
-    ``skill_mounts``: skills' folders to mount read-only at ``.skills/<name>``.
+    ``skill_mounts``: skills' folders to mount read-only at ``.skills/<name>``;
+    ``idempotency_key``: the call's, as ``HOLDFAST_IDEMPOTENCY_KEY`` in its
+    environment (the same on every attempt, so a command can dedupe its effect).
     """
     timeout = max(0.1, min(timeout_seconds, MAX_TIMEOUT_SECONDS))
     policy = SandboxPolicy(
@@ -177,6 +180,7 @@ async def run_tool(
         network=network,
         timeout_seconds=timeout,
         skill_mounts=skill_mounts,
+        env=(("HOLDFAST_IDEMPOTENCY_KEY", idempotency_key),) if idempotency_key else (),
     )
     if tool == "bash":
         command = tool_input.get("command")

@@ -7,12 +7,13 @@ after ``claim_idle_ms`` — where the executor's idempotency record makes sure
 it is answered, never run twice. Sooner than that, a runner whose liveness key
 lapsed (``HOLDFAST_LIVENESS_SECONDS``: killed) has its calls claimed by a live
 one (``holdfast_shared.liveness``), which reports a call that was in flight as
-interrupted within about one liveness TTL. Asset Directory probes (list a server's tools)
+of unknown outcome within about one liveness TTL. Asset Directory probes (list a server's tools)
 come on the same stream and are answered on the gateway's reply list, beside workspace
 removals and checkpoint/restore requests (each job's ``kind``: ``jobs.parse_tool_job``;
-reading, taking over and acknowledging: ``holdfast_shared.consuming``). Turn-end
-reap requests (which also close the task's MCP sessions) arrive on a pub/sub
-channel, since every runner may hold processes of that task.
+reading, taking over and acknowledging: ``holdfast_shared.consuming``). Reap
+requests (a turn's end, which spares the task's stdio MCP servers; a pause or
+park, which closes their sessions too) arrive on a pub/sub channel, since every
+runner may hold processes of that task.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from holdfast_shared.jobs import (
     AssetProbe,
     AssetProbeResult,
     ToolCallJob,
+    WorkspaceFiles,
     WorkspaceRemoval,
     WorkspaceRequest,
     parse_tool_job,
 )
-from holdfast_shared.keys import TOOLS_GROUP, Keys
+from holdfast_shared.keys import REAP_TURN_END, TOOLS_GROUP, Keys
 from holdfast_shared.liveness import scan_every
 from holdfast_shared.pubsub import listen
 from redis.asyncio import Redis
@@ -38,6 +40,7 @@ from redis.asyncio import Redis
 from holdfast_tool_runner.checkpoints import WorkspaceCheckpoints
 from holdfast_tool_runner.executor import ToolExecutor
 from holdfast_tool_runner.sandbox import reap_leftovers
+from holdfast_tool_runner.workspace_files import WorkspaceFilesHandler
 from holdfast_tool_runner.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,7 @@ class ToolConsumer:
             redis, keys.tools, TOOLS_GROUP, consumer_name, claim_idle_ms=claim_idle_ms
         )
         self.archiving = archiving
+        self.files = WorkspaceFilesHandler(archiving) if archiving is not None else None
         self.liveness_seconds = liveness_seconds
         self._running: set[asyncio.Task[None]] = set()
 
@@ -101,7 +105,7 @@ class ToolConsumer:
 
     async def _rescue(self) -> None:
         """Take the calls of runners whose liveness key lapsed (the executor then
-        answers a call that was in flight as interrupted; it never runs it again)."""
+        answers a call that was in flight as of unknown outcome; it never runs it again)."""
         free = self.concurrency - len(self._running)
         if free <= 0:
             return
@@ -132,6 +136,8 @@ class ToolConsumer:
                 await self._handle_probe(entry_id, job)
             case WorkspaceRequest():
                 await self._handle_workspace_request(entry_id, job)
+            case WorkspaceFiles():
+                await self._handle_files(entry_id, job)
             case ToolCallJob():
                 await self._handle_call(entry_id, job)
 
@@ -194,6 +200,21 @@ class ToolConsumer:
             )
         await self.group.ack(entry_id)
 
+    async def _handle_files(self, entry_id: str, request: WorkspaceFiles) -> None:
+        """List, read, write or delete a task's files for the gateway waiting on ``reply_to``."""
+        if self.files is None:
+            log.error("workspace files request %s on a runner without archives", request.request_id)
+        else:
+            reply = await self.files.handle(request)
+            log.info(
+                "workspace files %s %r of task %s: %s",
+                request.action,
+                request.path,
+                request.task_id,
+                reply.error or "ok",
+            )
+        await self.group.ack(entry_id)
+
     async def _remove_workspace(self, tenant_id: str, task_id: str) -> None:
         if self.executor.connectors is not None:
             await self.executor.connectors.task_removed(tenant_id, task_id)
@@ -205,12 +226,20 @@ class ToolConsumer:
         log.info("task %s deleted: workspace %s", task_id, "removed" if removed else "absent")
 
     async def _reap(self, data: str) -> None:
-        """A turn ended (``<tenant_id> <task_id>``): kill what its tools left running."""
-        tenant_id, _, task_id = data.partition(" ")
-        if self.executor.connectors is not None:
-            # Its MCP sessions too (a stdio server's process would be reaped anyway).
-            await self.executor.connectors.turn_ended(tenant_id, task_id)
-        killed = await reap_leftovers(self.workspaces.path(tenant_id, task_id))
+        """A turn ended (``<tenant_id> <task_id> turn-end``) or the task stopped
+        (paused, parked: ``<tenant_id> <task_id>``): kill what its tools left
+        running; after a turn's normal end, but its stdio MCP servers."""
+        tenant_id, task_id, *rest = data.split(" ")
+        connectors = self.executor.connectors
+        kept: list[object] = []
+        if connectors is not None:
+            if rest == [REAP_TURN_END]:
+                kept = connectors.kept_servers(tenant_id, task_id)
+            else:
+                # Its stdio MCP sessions end (their processes are reaped below).
+                await connectors.task_stopped(tenant_id, task_id)
+        workspace = self.workspaces.path(tenant_id, task_id)
+        killed = await reap_leftovers(workspace, sparing=kept)
         if killed:
             log.info("reaped %d leftover process group(s) of task %s", killed, task_id)
         if self.archiving is not None:

@@ -49,9 +49,7 @@ def measure(workspaces: Workspaces) -> dict[str, dict[str, int]]:
     """tenant → task → bytes of every workspace on this disk (blocking: run in a thread)."""
     found: dict[str, dict[str, int]] = {}
     for tenant_id, task_id in workspaces.list():
-        found.setdefault(tenant_id, {})[task_id] = _allocated(
-            workspaces.path(tenant_id, task_id)
-        )
+        found.setdefault(tenant_id, {})[task_id] = _allocated(workspaces.path(tenant_id, task_id))
     return found
 
 

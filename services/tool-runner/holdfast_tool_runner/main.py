@@ -67,23 +67,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = runtime.stop_on_signals(stop)
     runner_id = runtime.process_name()
     redis = connect(redis_url, max_connections=50)
-    engine = create_engine(database_url, pool_size=4)
+    engine = create_engine(database_url, pool_size=4, keep=settings.database_pool_size)
     sessions = session_factory(engine)
     keys = Keys(settings.redis_prefix)
     workspaces = await asyncio.to_thread(Workspaces.from_settings, settings)
     found = await probe(workspaces=workspaces.describe())
     # None when the host cannot sandbox: every call then fails closed with the reason.
     launchers = launcher_pool(spares=settings.sandbox_spares) if found.available else None
-    connectors = Connectors(
-        sessions,
-        _vault(settings),
-        workspaces,
-        launchers=launchers,
-        stdio_paths=tuple(settings.asset_stdio_paths),
-        idle_seconds=settings.asset_session_idle_seconds,
-        connect_timeout=settings.asset_connect_timeout_seconds,
-        outbound=OutboundPolicy.from_settings(settings),
-    )
     # Workspace checkpoints and hibernation (checkpoints.py, hibernation.py).
     archiving = WorkspaceCheckpoints(
         workspaces,
@@ -91,6 +81,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         redis,
         keys,
         archive_on_turn_end=settings.workspace_archive_on_turn_end,
+    )
+    connectors = Connectors(
+        sessions,
+        _vault(settings),
+        workspaces,
+        launchers=launchers,
+        stdio_paths=tuple(settings.asset_stdio_paths),
+        idle_seconds=settings.asset_session_idle_seconds,
+        stdio_idle_seconds=settings.asset_stdio_idle_seconds,
+        connect_timeout=settings.asset_connect_timeout_seconds,
+        outbound=OutboundPolicy.from_settings(settings),
+        archiving=archiving,
     )
     consumer = ToolConsumer(
         redis,

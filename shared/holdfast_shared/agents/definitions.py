@@ -1,13 +1,14 @@
 """Agent definitions: who the model is in a turn.
 
 An agent is a system prompt (the first section of the model's context), the
-tools offered to the model, a permission rule for each of them, whether its
+tools offered to the model, a permission rule for each of them, the effect
+class of those it wants classed otherwise than by default (``effects``), whether its
 sandbox has the network, a preferred model, and the skills and Asset
 Directory servers it may use. Two kinds, one shape (:class:`AgentDefinition`):
 
 * **built-in** agents ship as files, ``builtin/<name>.md``: YAML front matter
   (``name``, ``description``, ``model``, ``tools``, ``permissions``,
-  ``network``, ``skills``) and a Markdown body that is the system prompt.
+  ``effects``, ``network``, ``skills``) and a Markdown body that is the system prompt.
   ``general`` is the agent of a turn that names none.
 * **custom** agents are a tenant's own, created through ``/agents`` and
   stored in PostgreSQL (``store.py``).
@@ -31,16 +32,21 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from holdfast_shared.assets.catalogue import ServerTool, rule_for
 from holdfast_shared.errors import ErrorCode, HoldfastError
 from holdfast_shared.modelspec import parse_model_spec
 from holdfast_shared.skills.builtin import builtin_skills
 from holdfast_shared.tools import (
+    BASH_PATTERN_PREFIX,
     BUILTIN_BY_NAME,
     BUILTIN_TOOLS,
+    DEFAULT_EFFECTS,
     DEFAULT_PERMISSIONS,
     SKILL,
+    Effect,
     Permission,
     ToolSpec,
+    builtin_effect,
 )
 
 DEFAULT_AGENT = "general"
@@ -70,6 +76,9 @@ class AgentDefinition(BaseModel):
     model: str | None = None
     tools: tuple[str, ...]
     permissions: Mapping[str, Permission]
+    # Effect classes over the defaults: by tool, ``{server}__{tool}``,
+    # ``{server}__*``, or ``bash:<glob>`` for the bash commands matching it.
+    effects: Mapping[str, Effect] = {}
     network: bool = False
     skills: tuple[str, ...] = ()
     servers: tuple[str, ...] = ()
@@ -78,6 +87,27 @@ class AgentDefinition(BaseModel):
     def permission(self, tool: str) -> Permission:
         """The agent's rule for ``tool`` (before any operator override)."""
         return self.permissions.get(tool) or DEFAULT_PERMISSIONS.get(tool, "ask")
+
+    def effect(
+        self, tool: str, tool_input: Mapping[str, Any], server_tool: ServerTool | None = None
+    ) -> Effect:
+        """The effect class of one call: the agent's rule, else the tool's own
+        (a built-in's default, a server tool's annotations or server entry)."""
+        if server_tool is not None:
+            return rule_for(server_tool, self.effects) or server_tool.effect
+        return builtin_effect(tool, tool_input, self.effects)
+
+    def tool_effects(self, server_tools: Iterable[ServerTool] = ()) -> dict[str, Effect]:
+        """Each of its tool-runner tools' class (its servers' ``server_tools`` too),
+        and its rules for others (bash command patterns, servers' wildcards): what
+        ``GET /agents/{name}`` shows."""
+        classes: dict[str, Effect] = {
+            tool: self.effects.get(tool) or DEFAULT_EFFECTS[tool]
+            for tool in self.tools
+            if tool in DEFAULT_EFFECTS
+        }
+        classes.update({tool.name: self.effect(tool.name, {}, tool) for tool in server_tools})
+        return {**classes, **{k: v for k, v in self.effects.items() if k not in classes}}
 
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         """The tools offered to the model, in the catalogue's order (stable, for caches).
@@ -131,6 +161,19 @@ def check_permission_key(name: str) -> str:
     return check_tool(name)
 
 
+def check_effect_key(name: str) -> str:
+    """``name`` if it can carry an effect class: what carries a permission rule, or
+    ``bash:<glob>`` (the bash commands matching the glob)."""
+    if name.startswith(BASH_PATTERN_PREFIX):
+        if not name[len(BASH_PATTERN_PREFIX) :]:
+            raise ValueError(f"{name!r}: a bash rule needs a command pattern after 'bash:'")
+        return name
+    check_permission_key(name)
+    if name in BUILTIN_BY_NAME and name not in DEFAULT_EFFECTS:
+        raise ValueError(f"{name!r} is run by the loop itself: it has no effect class")
+    return name
+
+
 def effective_permissions(
     tools: Iterable[str], given: Mapping[str, Permission]
 ) -> dict[str, Permission]:
@@ -180,6 +223,7 @@ class _FrontMatter(BaseModel):
     model: str | None = None
     tools: list[str]
     permissions: dict[str, Permission] = {}
+    effects: dict[str, Effect] = {}
     network: bool = False
     skills: list[str] = []
 
@@ -196,6 +240,8 @@ def parse_agent_file(text: str) -> AgentDefinition:
         raise ValueError(f"invalid front matter: {exc}") from None
     for tool in front.tools:
         check_tool(tool)
+    for key in front.effects:
+        check_effect_key(key)
     # A built-in agent has built-in skills only (a tenant's are checked in store.py).
     unknown = [skill for skill in front.skills if skill not in builtin_skills()]
     if unknown:
@@ -213,6 +259,7 @@ def parse_agent_file(text: str) -> AgentDefinition:
         model=front.model,
         tools=tools,
         permissions=effective_permissions(tools, front.permissions),
+        effects=front.effects,
         network=front.network,
         skills=tuple(front.skills),
         builtin=True,

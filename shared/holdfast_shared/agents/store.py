@@ -22,7 +22,7 @@ from holdfast_shared.agents.definitions import (
 )
 from holdfast_shared.assets.servers import registered as registered_servers
 from holdfast_shared.db.models import AgentRecord
-from holdfast_shared.tools import Permission
+from holdfast_shared.tools import Effect, Permission
 
 
 def from_record(row: AgentRecord) -> AgentDefinition:
@@ -34,6 +34,7 @@ def from_record(row: AgentRecord) -> AgentDefinition:
         model=row.model,
         tools=tuple(row.tools),
         permissions=cast(dict[str, Permission], dict(row.permissions)),
+        effects=cast(dict[str, Effect], dict(row.effects or {})),
         network=row.network,
         skills=tuple(row.skills),
         servers=tuple(row.servers),

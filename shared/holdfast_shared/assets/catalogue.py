@@ -13,6 +13,12 @@ default, any other ``ask`` (the MCP spec: annotations are hints from the
 server, and a write must not run unasked). The agent's own rules (by the
 tool's full name, or ``{server}__*`` for all of a server's) and the
 operator's (``HOLDFAST_TOOL_PERMISSIONS``, the same names) win over the default.
+
+Effect classes (``holdfast_shared.tools.Effect``): ``readOnlyHint`` makes a
+tool ``read_only``, ``idempotentHint`` ``idempotent``, anything else (no
+annotation, ``destructiveHint``) ``effectful``. The server's entry may set a
+tool's class (``AssetServer.effects``, by the server's name for the tool), and
+an agent's ``effects`` (by the full name or ``{server}__*``) wins over both.
 """
 
 from __future__ import annotations
@@ -20,15 +26,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from holdfast_shared.tools import Permission, ToolSpec
+from holdfast_shared.tools import UNKNOWN_EFFECT, Effect, Permission, ToolSpec
 
 SEPARATOR = "__"
 MAX_NAME = 64
 # Descriptions longer than this are cut: they are the model's context, every call.
 MAX_DESCRIPTION = 2000
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_Rule = TypeVar("_Rule", bound=str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,8 @@ class ServerTool:
     tool: str  # the server's own name for it
     spec: ToolSpec  # under the model's name, ``{server}__{tool}``
     read_only: bool
+    # What running it twice would do: its annotations', or its server entry's.
+    effect: Effect = UNKNOWN_EFFECT
 
     @property
     def name(self) -> str:
@@ -56,6 +65,15 @@ def model_name(server: str, tool: str) -> str:
 def server_wildcard(server: str) -> str:
     """The permission key that covers every tool of ``server``."""
     return f"{server}{SEPARATOR}*"
+
+
+def annotation_effect(annotations: Mapping[str, Any]) -> Effect:
+    """The effect class an MCP tool's annotations give (hints; unknown is effectful)."""
+    if annotations.get("readOnlyHint"):
+        return "read_only"
+    if annotations.get("idempotentHint"):
+        return "idempotent"
+    return UNKNOWN_EFFECT
 
 
 def listed_tool(tool: Any) -> dict[str, Any]:
@@ -81,8 +99,13 @@ def _schema(raw: Any) -> dict[str, Any]:
     return schema
 
 
-def server_tools(server: str, tools: Iterable[Mapping[str, Any]]) -> list[ServerTool]:
-    """The stored ``tools`` of ``server`` as offered to the model, in the server's order."""
+def server_tools(
+    server: str,
+    tools: Iterable[Mapping[str, Any]],
+    effects: Mapping[str, Effect] | None = None,
+) -> list[ServerTool]:
+    """The stored ``tools`` of ``server`` as offered to the model, in the server's order;
+    ``effects``: the server entry's classes, by the server's names for its tools."""
     found: list[ServerTool] = []
     taken: set[str] = set()
     for stored in tools:
@@ -101,11 +124,13 @@ def server_tools(server: str, tools: Iterable[Mapping[str, Any]]) -> list[Server
                 tool=own,
                 spec=ToolSpec(name, description, _schema(stored.get("inputSchema"))),
                 read_only=bool(annotations.get("readOnlyHint")),
+                effect=(effects or {}).get(own) or annotation_effect(annotations),
             )
         )
     return found
 
 
-def rule_for(tool: ServerTool, rules: Mapping[str, Permission]) -> Permission | None:
-    """The rule in ``rules`` for ``tool``: by its full name, else its server's ``*``."""
+def rule_for(tool: ServerTool, rules: Mapping[str, _Rule]) -> _Rule | None:
+    """The rule in ``rules`` (permissions or effect classes) for ``tool``: by its
+    full name, else its server's ``*``."""
     return rules.get(tool.name) or rules.get(server_wildcard(tool.server))

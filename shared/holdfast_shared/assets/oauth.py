@@ -65,4 +65,3 @@ def client_metadata_for(record: OAuthRecord, redirect_uri: str) -> OAuthClientMe
         token_endpoint_auth_method="client_secret_post" if record.client_secret else "none",
         scope=record.scope,
     )
-

@@ -132,13 +132,14 @@ async def agent_server_tools(
     if not wanted:
         return []
     rows = await session.execute(
-        select(AssetServer.name, AssetServer.tools, AssetServer.status).where(
+        select(AssetServer.name, AssetServer.tools, AssetServer.status, AssetServer.effects).where(
             AssetServer.tenant_id == tenant_id, AssetServer.name.in_(wanted)
         )
     )
-    by_name = {name: (tools, status) for name, tools, status in rows}
+    by_name = {name: (tools, status, effects) for name, tools, status, effects in rows}
     found: list[ServerTool] = []
     for name in wanted:
         if name in by_name and by_name[name][1] == READY:
-            found.extend(server_tools(name, by_name[name][0]))
+            tools, _status, effects = by_name[name]
+            found.extend(server_tools(name, tools, effects))
     return found

@@ -14,6 +14,10 @@ from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 # A pooled connection idle for longer than this is pinged before it is handed
 # out (one round trip); one used more recently is handed out as it is.
 PING_AFTER_IDLE_SECONDS = 1.0
+# A new connection that is not set up by then fails (libpq's connect_timeout)
+# instead of waiting on a server that accepted the TCP connection and says
+# nothing: a stalled or partitioned PostgreSQL.
+CONNECT_TIMEOUT_SECONDS = 10
 
 
 def to_async_url(url: str) -> str:
@@ -25,15 +29,24 @@ def to_async_url(url: str) -> str:
 
 
 def create_engine(
-    url: str, *, pool_size: int = 10, ping_after_idle: float = PING_AFTER_IDLE_SECONDS
+    url: str,
+    *,
+    pool_size: int = 10,
+    keep: int | None = None,
+    ping_after_idle: float = PING_AFTER_IDLE_SECONDS,
 ) -> AsyncEngine:
+    """An engine that holds up to ``2 * pool_size`` connections at once and keeps
+    ``pool_size`` of them open between uses, or ``keep`` if fewer
+    (``Settings.database_pool_size``)."""
+    kept = min(pool_size, keep) if keep else pool_size
     engine = _create_async_engine(
         to_async_url(url),
-        pool_size=pool_size,
-        max_overflow=pool_size,
+        pool_size=kept,
+        max_overflow=2 * pool_size - kept,
         # Statement parameters are user content (messages, answers): an error
         # logs the statement without them.
         hide_parameters=True,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
     )
     ping_when_idle(engine.sync_engine, ping_after_idle)
     return engine

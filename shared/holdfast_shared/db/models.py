@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy import (
     text as sql,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR
+from sqlalchemy.dialects.postgresql import JSON, JSONB, TSVECTOR
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -127,6 +127,45 @@ class Turn(Base):
     # latest snapshot has them then). Read by GET /tasks/{task_id}.
     usage: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     active_ms: Mapped[int | None] = mapped_column(BigInteger)
+    # ``output_schema`` on /execute or /v1/execution: the JSON Schema the turn's
+    # answer must meet; ``result`` is that answer, validated, written with the
+    # turn's end (GET /tasks/{task_id} and the execution carry the last one).
+    # JSON, not JSONB: JSONB reorders an object's keys, and the order of a
+    # schema's properties is the order a model writes them in (a "reasoning"
+    # put before the "answer" on purpose would come after it).
+    output_schema: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    result: Mapped[Any | None] = mapped_column(JSON)
+    # ``webhook`` on /execute, /v1/execution or a schedule: {url, events}, where
+    # the turn's end (and its questions) are posted (the tenant's default when None).
+    webhook: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+
+
+class ExecuteKey(Base):
+    """A client's ``Idempotency-Key`` on ``POST /execute``: its message runs once.
+
+    Written in the transaction that stores the message, so a request sent
+    again with the key (its response lost, its gateway stalled) follows the
+    turn the first one started instead of starting another
+    (``holdfast_gateway/executekeys.py``). It lives as long as its turn.
+    """
+
+    __tablename__ = "execute_keys"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # The request as validated, hashed: the same key on another request is an error.
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    # Deferred: the key is recorded first in the message's transaction, before its
+    # turn's row, so a second request with the key waits on it there.
+    turn_id: Mapped[str] = mapped_column(
+        ForeignKey("turns.id", ondelete="CASCADE", deferrable=True, initially="DEFERRED"),
+        index=True,
+    )
+    # The task's last seq before the message: where a repeat looks for its turn.
+    after_seq: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class ConversationFork(Base):
@@ -214,7 +253,10 @@ class ToolResultRecord(Base):
     """A tool call's outcome, keyed by the model's call id: the idempotency record.
 
     A row is claimed (``running``) before the tool runs and completed after,
-    so a redelivered call finds it and never runs the tool twice.
+    so a redelivered call finds it and never runs the tool twice. A call whose
+    runner was lost mid-run is marked ``unknown``; only a later ``attempt``
+    (the loop's retry of a read-only or idempotent call, or a person's
+    ``retry``) claims it again.
     """
 
     __tablename__ = "tool_results"
@@ -226,8 +268,9 @@ class ToolResultRecord(Base):
     turn_id: Mapped[str] = mapped_column(String(64))
     tool: Mapped[str] = mapped_column(String(128))
     input: Mapped[dict[str, Any]] = mapped_column(JSONB)
-    # running | done
+    # running | done | unknown
     status: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer, server_default=sql("1"))
     output: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     error: Mapped[str | None] = mapped_column(Text)
     runner: Mapped[str | None] = mapped_column(String(128))
@@ -497,6 +540,8 @@ class AgentRecord(Base):
     servers: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
     # {tool: "allow" | "ask" | "deny"}
     permissions: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=sql("'{}'::jsonb"))
+    # {tool | server__tool | server__* | bash:<glob>: read_only | idempotent | effectful}
+    effects: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=sql("'{}'::jsonb"))
     network: Mapped[bool] = mapped_column(Boolean, server_default=sql("false"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
@@ -569,6 +614,8 @@ class AssetServer(Base):
     status: Mapped[str] = mapped_column(String(32), server_default="ready")
     oauth_state: Mapped[str | None] = mapped_column(String(64), unique=True)
     tools: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
+    # {the server's tool name: effect class}, over its annotations'.
+    effects: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=sql("'{}'::jsonb"))
     tools_listed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
@@ -692,3 +739,148 @@ class ExecutionCheckpoint(Base):
     working_memory: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     workspace_archive_id: Mapped[str | None] = mapped_column(String(64))
     automatic: Mapped[bool] = mapped_column(Boolean, server_default=sql("false"))
+
+
+# -- completion webhooks ----------------------------------------------------------
+
+
+class WebhookTenant(Base):
+    """A tenant's webhook settings: the signing secret and the default subscription.
+
+    The secret signs (HMAC) every delivery, so it must be read back: it is kept
+    sealed by the Asset Directory's vault (``HOLDFAST_ASSET_ENCRYPTION_KEY``),
+    never in clear, and returned once, when made (``POST /webhooks/secret``).
+    """
+
+    __tablename__ = "webhook_tenants"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    secret: Mapped[str | None] = mapped_column(Text)
+    # The secret a rotation replaced (sealed too): messages are signed with both
+    # for a while after ``rotated_at``, so receivers can switch without a gap.
+    previous_secret: Mapped[str | None] = mapped_column(Text)
+    rotated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # {url, events}: turns started without a ``webhook`` of their own use it.
+    default_webhook: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class WebhookDelivery(Base):
+    """The outbox: one webhook message, written in the transaction that records
+    what it reports (a turn's end, a question), delivered by a gateway.
+
+    Its id is the Standard Webhooks ``webhook-id`` (the same on every attempt
+    and redelivery: receivers dedupe on it), made from what it reports, so
+    writing it twice (a turn's end recorded again after a crash) changes
+    nothing. ``status``: pending → delivering (a gateway holds it until
+    ``next_attempt_at``) → delivered, or back to pending with a later
+    ``next_attempt_at``, or failed after ``HOLDFAST_WEBHOOK_MAX_ATTEMPTS``.
+    """
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_tenant", "tenant_id", "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    # The engine's task id; no foreign key: a delivery outlives a deleted task.
+    task_id: Mapped[str] = mapped_column(String(128))
+    turn_id: Mapped[str] = mapped_column(String(64))
+    # completed | errored | cancelled | hitl_request | outcome_unknown
+    event: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(Text)
+    # What the writer knew (status, usage, last seq, the question); the body
+    # sent is built from it on the first attempt and kept in ``body``, so every
+    # attempt sends the same bytes.
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    body: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, server_default=sql("0"))
+    next_attempt_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    last_error: Mapped[str | None] = mapped_column(Text)
+    # The receiver's last HTTP status (None: no answer).
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Schedule(Base):
+    """A tenant's schedule: a message sent as a turn at each due time (``/schedules``).
+
+    Exactly one of ``cron`` (in ``timezone``), ``interval_seconds`` (from
+    ``anchor_at``) and ``at`` says when. ``next_due_at`` is the first due time
+    not yet handled (None once a one-shot schedule has fired); the gateways'
+    scheduler advances it with the row locked, and each due time it fires is a
+    :class:`ScheduleRun` row, unique per schedule and due time.
+    """
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", name="uq_schedules_tenant_id_name"),
+        # The scheduler's look-up: active schedules whose time has come.
+        Index("ix_schedules_status_next_due", "status", "next_due_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    cron: Mapped[str | None] = mapped_column(String(200))
+    interval_seconds: Mapped[int | None] = mapped_column(Integer)
+    at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    timezone: Mapped[str] = mapped_column(String(64))
+    # Interval schedules are due at anchor_at + k * interval_seconds.
+    anchor_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # The task each run is a turn of (its name); None: a new task per run.
+    task_id: Mapped[str | None] = mapped_column(String(128))
+    agent: Mapped[str | None] = mapped_column(String(128))
+    message: Mapped[str] = mapped_column(Text)
+    user_id: Mapped[str] = mapped_column(String(128), server_default="")
+    # skip | enqueue | cancel_previous: what a due time does while the last run is active.
+    overlap: Mapped[str] = mapped_column(String(16))
+    # latest | all: which of the due times missed while no gateway ran are fired.
+    catch_up: Mapped[str] = mapped_column(String(16))
+    # JSON, not JSONB: JSONB reorders keys, and a model writes properties in the schema's order.
+    output_schema: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    webhook: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # active | paused | completed (a one-shot schedule that fired)
+    status: Mapped[str] = mapped_column(String(16))
+    next_due_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+
+class ScheduleRun(Base):
+    """One due time of a schedule, handled once: the unique (schedule, due time)
+    row is written in the transaction that starts its turn, so two gateways
+    never both fire it.
+
+    ``status``: ``started`` (its turn is ``turn_id`` of task ``task_id``, a
+    name), ``waiting`` (overlap ``enqueue``, or ``cancel_previous`` on a given
+    task: it starts once the previous run's turn has ended), ``skipped`` or
+    ``failed`` (``reason`` says why).
+    """
+
+    __tablename__ = "schedule_runs"
+    __table_args__ = (
+        UniqueConstraint("schedule_id", "due_at", name="uq_schedule_runs_schedule_id_due_at"),
+        Index("ix_schedule_runs_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    due_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    task_id: Mapped[str | None] = mapped_column(String(128))
+    turn_id: Mapped[str | None] = mapped_column(String(64))
+    # The scheduler's clock when the run's turn was written (its jitter: fired_at - due_at).
+    fired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -160,7 +160,16 @@ class Copying(LogBase):
                 )
                 for t, _ in dirty
             ],
+            raise_on_error=False,
         )
+        if failed := [c for c in claims if isinstance(c, Exception)]:
+            # Some claims were refused (a full Redis refuses the claim's SET), others
+            # maybe taken: release those now, not when they lapse in 30 s.
+            taken = [self.keys.archiving(t) for (t, _), c in zip(dirty, claims, strict=True)
+                     if c and not isinstance(c, Exception)]  # fmt: skip
+            if taken:
+                await self.redis.delete(*taken)
+            raise failed[0]
         # Tasks another archiver holds are left to it, their marks too.
         held = [(t, score, claim) for (t, score), claim in zip(dirty, claims, strict=True) if claim]
         watermarks: dict[str, int] = {}

@@ -47,7 +47,10 @@ def elapsed_ms(row: Execution, now: datetime) -> int:
 
 
 def to_wire(
-    row: Execution, checkpoints: Sequence[ExecutionCheckpoint], now: datetime
+    row: Execution,
+    checkpoints: Sequence[ExecutionCheckpoint],
+    now: datetime,
+    result: Any = None,
 ) -> ExecutionOut:
     status: Status = row.status  # type: ignore[assignment]  # the column holds a Status
     return ExecutionOut(
@@ -66,6 +69,7 @@ def to_wire(
         updated_at=iso(row.updated_at),
         failure_reason=row.failure_reason,
         attempts=row.attempts,
+        result=result,
     )
 
 
@@ -100,6 +104,18 @@ async def checkpoints_of(
     for row in rows:
         found[row.execution_id].append(row)
     return found
+
+
+async def results_of(session: AsyncSession, rows: Sequence[Execution]) -> dict[str, Any]:
+    """The structured result (``output_schema``) of each execution's turn, by
+    execution id; an execution without one is left out."""
+    turns = {row.turn_id: row.id for row in rows if row.turn_id}
+    if not turns:
+        return {}
+    found = await session.execute(
+        select(Turn.id, Turn.result).where(Turn.id.in_(turns), Turn.result.is_not(None))
+    )
+    return {turns[turn_id]: result for turn_id, result in found.tuples()}
 
 
 async def latest_checkpoint(session: AsyncSession, execution_id: str) -> ExecutionCheckpoint | None:
@@ -173,6 +189,17 @@ async def add_checkpoint(
 # -- status changes ---------------------------------------------------------------
 
 
+async def lock_for_pause(session: AsyncSession, task_id: str) -> None:
+    """Hold the task's execution row until ``session`` ends: a worker parking its
+    turn on a pause and a resume withdrawing that pause take it, so the parking
+    worker reads the pause request (``Keys.pause``) either before the resume or
+    after it withdrew it, never in between (a pause taken back by a resume the
+    client was told succeeded)."""
+    await session.execute(
+        select(Execution.id).where(Execution.task_id == task_id).with_for_update()
+    )
+
+
 async def mark_paused(session: AsyncSession, task_id: str, turn_active_ms: int) -> None:
     """The loop-worker parked the turn on a pause request.
 
@@ -203,6 +230,24 @@ async def mark_running(session: AsyncSession, execution_id: str, *, from_status:
         .returning(Execution.id)
     )
     return changed is not None
+
+
+async def count_attempt(
+    session: AsyncSession, execution_id: str, *, max_attempts: int
+) -> int | None:
+    """Count one more attempt of a running execution; the attempts before it, or
+    None when none is left (or it is not running any more)."""
+    attempt: int | None = await session.scalar(
+        update(Execution)
+        .where(
+            Execution.id == execution_id,
+            Execution.status == "running",
+            Execution.attempts < max_attempts,
+        )
+        .values(attempts=Execution.attempts + 1, failure_reason=None)
+        .returning(Execution.attempts)
+    )
+    return attempt
 
 
 async def claimable_again(

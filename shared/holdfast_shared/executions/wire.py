@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from holdfast_shared.content import StorableObject, Text
 from holdfast_shared.ids import ID_PATTERN
+from holdfast_shared.webhooks import WebhookSpec
 
 Status = Literal["running", "paused", "completed", "failed", "terminated"]
 STATUSES: tuple[Status, ...] = ("running", "paused", "completed", "failed", "terminated")
@@ -66,6 +67,14 @@ class CreateExecution(BaseModel):
     input: Annotated[Text, Field(min_length=1, max_length=MAX_INPUT_CHARS)]
     state: StorableObject = Field(default_factory=dict)
     config: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    # A JSON Schema the answer must meet (checked by the gateway: outputschema.py).
+    output_schema: StorableObject | None = Field(
+        default=None,
+        description="a JSON Schema the execution's final answer must meet; the validated "
+        "answer is the execution's `result` (README, Structured results)",
+    )
+    # Completion webhooks: where the turn's end and questions are posted (README).
+    webhook: WebhookSpec | None = None
 
 
 class SaveCheckpoint(BaseModel):
@@ -107,6 +116,8 @@ class ExecutionOut(BaseModel):
     # Why a failed execution failed (null otherwise), and how many retries ran.
     failure_reason: str | None = None
     attempts: int = 0
+    # With an output_schema: the validated answer, once its turn completed.
+    result: Any = None
 
 
 class ExecutionPage(BaseModel):

@@ -170,7 +170,26 @@ def _bucket(feature: str, dims: int) -> tuple[int, float]:
     return h % dims, (1.0 if h & 0x80000000 else -1.0)
 
 
-class HashingEmbedder:
+class _Local:
+    """An embedder computed in this process: ``embed_sync`` does the work."""
+
+    def embed_sync(self, texts: Sequence[str]) -> list[list[float]]:
+        raise NotImplementedError
+
+    async def embed(
+        self, texts: Sequence[str], *, purpose: Purpose = "document"
+    ) -> list[list[float]]:
+        # A few texts take well under a millisecond; a bulk import goes to a
+        # thread so the event loop keeps serving while it runs.
+        if len(texts) <= 32:
+            return self.embed_sync(texts)
+        return await asyncio.to_thread(self.embed_sync, list(texts))
+
+    async def aclose(self) -> None:
+        return None
+
+
+class HashingEmbedder(_Local):
     """Signed feature hashing of words, word pairs and character n-grams.
 
     Each content word (stop words dropped) adds its own feature and the
@@ -248,20 +267,8 @@ class HashingEmbedder:
                 vector[index] += sign * self._bigram_weight * (1.0 + math.log(count))
         return normalized(vector)
 
-    def embed_sync(self, texts: Iterable[str]) -> list[list[float]]:
+    def embed_sync(self, texts: Sequence[str]) -> list[list[float]]:
         return [self.embed_one(text) for text in texts]
-
-    async def embed(
-        self, texts: Sequence[str], *, purpose: Purpose = "document"
-    ) -> list[list[float]]:
-        # A few texts take well under a millisecond; a bulk import goes to a
-        # thread so the event loop keeps serving while it runs.
-        if len(texts) <= 32:
-            return self.embed_sync(texts)
-        return await asyncio.to_thread(self.embed_sync, list(texts))
-
-    async def aclose(self) -> None:
-        return None
 
 
 # --- WordLlama ---------------------------------------------------------------------
@@ -308,7 +315,7 @@ class _WordLlamaModel:
         return cls(f"wordllama-l2_supercat-{int(matrix.shape[1])}{suffix}", matrix, tokenizer)
 
 
-class WordLlamaEmbedder:
+class WordLlamaEmbedder(_Local):
     """WordLlama's static token embeddings, averaged over a text's tokens.
 
     WordLlama (github.com/dleemiller/WordLlama, MIT) trained a 256-dimension
@@ -358,16 +365,6 @@ class WordLlamaEmbedder:
             norm = float(np.linalg.norm(mean))
             out.append((mean / norm).tolist() if norm > 0 else [0.0] * dims)
         return out
-
-    async def embed(
-        self, texts: Sequence[str], *, purpose: Purpose = "document"
-    ) -> list[list[float]]:
-        if len(texts) <= 32:
-            return self.embed_sync(texts)
-        return await asyncio.to_thread(self.embed_sync, list(texts))
-
-    async def aclose(self) -> None:
-        return None
 
 
 # --- remote models ----------------------------------------------------------------

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from sqlalchemy import or_, select, text
+from sqlalchemy import ColumnElement, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_shared.db.models import Entity, Episode, Fact, Relation
@@ -211,44 +211,37 @@ class _Row:
         return Hit(self.id, self.kind, self.text, score, self.created_at, self.extra)
 
 
+_Memory = TypeVar("_Memory", Fact, Episode, Entity)
+
+
+async def _of_brain(
+    session: AsyncSession,
+    model: type[_Memory],
+    brain: Brain,
+    ids: list[str],
+    *also: ColumnElement[bool],
+) -> list[_Memory]:
+    """The rows of ``model`` among ``ids`` that are ``brain``'s (and match ``also``)."""
+    statement = select(model).where(
+        model.id.in_(ids),
+        model.tenant_id == brain.tenant_id,
+        model.user_id == brain.user_id,
+        *also,
+    )
+    return list(await session.scalars(statement))
+
+
 async def _load(session: AsyncSession, brain: Brain, kind: Kind, ids: list[str]) -> dict[str, _Row]:
     """The rows behind ``ids`` (of ``brain`` only), rendered as hits."""
     if not ids:
         return {}  # nothing of this kind matched: no round trip
     if kind == "knowledge":
-        facts = (
-            await session.execute(
-                select(Fact).where(
-                    Fact.id.in_(ids),
-                    Fact.tenant_id == brain.tenant_id,
-                    Fact.user_id == brain.user_id,
-                    Fact.valid_to.is_(None),
-                )
-            )
-        ).scalars()
+        facts = await _of_brain(session, Fact, brain, ids, Fact.valid_to.is_(None))
         return {f.id: _Row(f.id, kind, f.text, f.created_at, fact_extra(f)) for f in facts}
     if kind == "episodes":
-        episodes = (
-            await session.execute(
-                select(Episode).where(
-                    Episode.id.in_(ids),
-                    Episode.tenant_id == brain.tenant_id,
-                    Episode.user_id == brain.user_id,
-                )
-            )
-        ).scalars()
+        episodes = await _of_brain(session, Episode, brain, ids)
         return {e.id: _Row(e.id, kind, e.text, e.created_at, episode_extra(e)) for e in episodes}
-    entities = list(
-        (
-            await session.execute(
-                select(Entity).where(
-                    Entity.id.in_(ids),
-                    Entity.tenant_id == brain.tenant_id,
-                    Entity.user_id == brain.user_id,
-                )
-            )
-        ).scalars()
-    )
+    entities = await _of_brain(session, Entity, brain, ids)
     edges = await relations_of(session, [e.id for e in entities])
     return {
         e.id: _Row(

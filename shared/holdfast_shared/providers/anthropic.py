@@ -42,16 +42,22 @@ What it guarantees:
   a ``document`` with a text source; before the message's text. Anything
   else fails the call as ``UNSUPPORTED_MEDIA`` before a byte is sent.
 * Tool calls and results go out paired (``toolpairs.paired``).
+* Structured output (``output_schema``, ``structured.py``) by tool-forcing:
+  one more tool, ``final_result``, whose input schema is the output schema
+  (wrapped in an object as ``result`` when its root is not one), and
+  ``tool_choice`` ``any`` (``tool`` when it is the only tool; ``auto`` with
+  extended thinking, which refuses forcing). Its call comes out as a text
+  block holding its input JSON (a wrapped one unwrapped, whole at the
+  block's end), and a response whose only call it was finishes ``end_turn``:
+  to the loop it is the answer, not a tool to run.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
 import anthropic
@@ -68,7 +74,7 @@ from anthropic.types import (
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.media_support import IMAGES, PDF, PLAIN_TEXT
-from holdfast_shared.providers import media
+from holdfast_shared.providers import media, structured
 from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
@@ -81,8 +87,10 @@ from holdfast_shared.providers.base import (
     ThinkingChunk,
     ToolInputChunk,
     UsageReport,
+    malformed_stream,
 )
 from holdfast_shared.providers.toolpairs import paired
+from holdfast_shared.providers.waits import retry_after
 
 API_KEY_ENV = "ANTHROPIC_API_KEY"
 BASE_URL_ENV = "ANTHROPIC_BASE_URL"
@@ -150,7 +158,10 @@ class AnthropicProvider:
             # below it); adding it keeps the answer's own allowance intact.
             max_tokens += self._thinking_budget
         body = to_body(request, max_tokens=max_tokens, thinking=thinking)
-        translator = _Translator()
+        schema = structured.wanted(request)
+        translator = _Translator(
+            unwrap=schema is not None and not structured.is_object_schema(schema)
+        )
         try:
             raw = await self._client.post(
                 "/v1/messages",
@@ -171,6 +182,8 @@ class AnthropicProvider:
             # The SDK wraps transport errors while connecting, not while
             # reading the body: a reset mid-stream arrives as httpx2's own.
             raise _connection_error(exc) from exc
+        except json.JSONDecodeError as exc:  # the SDK decodes each data field as is
+            raise malformed_stream(self.name, exc) from exc
         if not translator.finished:
             raise ProviderError(
                 ErrorCode.LLM_PROVIDER_ERROR,
@@ -202,8 +215,11 @@ def to_body(
     body: dict[str, Any] = {"model": request.model, "max_tokens": max_tokens, "stream": True}
     if thinking is not None:
         body["thinking"] = thinking
-    if tools := _tools(request):
+    schema = structured.wanted(request)
+    if tools := _tools(request, schema):
         body["tools"] = tools
+    if schema is not None:
+        body["tool_choice"] = _tool_choice(request, thinking)
     if system := _system(request):
         body["system"] = system
     body["messages"] = to_messages(request.messages, notes=request.notes)
@@ -221,17 +237,37 @@ def _system(request: ModelRequest) -> list[TextBlockParam]:
     ]
 
 
-def _tools(request: ModelRequest) -> list[ToolParam]:
+def _tools(request: ModelRequest, schema: dict[str, Any] | None = None) -> list[ToolParam]:
     tools: list[ToolParam] = []
     for spec in request.tools:
         tool: ToolParam = {"name": spec.name, "input_schema": spec.input_schema}
         if spec.description:
             tool["description"] = spec.description
         tools.append(tool)
+    if schema is not None:
+        tools.append(
+            {
+                "name": structured.OUTPUT_TOOL,
+                "description": structured.OUTPUT_TOOL_DESCRIPTION,
+                "input_schema": structured.tool_input_schema(schema),
+            }
+        )
     if tools:
         # Tools render before the system prompt, so this breakpoint caches them.
         tools[-1]["cache_control"] = {"type": "ephemeral"}
     return tools
+
+
+def _tool_choice(request: ModelRequest, thinking: ThinkingConfigParam | None) -> dict[str, Any]:
+    """Force a tool call, so the turn ends by calling the output tool: ``tool``
+    when it is the only one, ``any`` when the agent has others to call first.
+    Extended thinking refuses forcing: ``auto``, and the answer is validated
+    as any other (a prose answer is asked again once)."""
+    if thinking is not None:
+        return {"type": "auto"}
+    if not request.tools:
+        return {"type": "tool", "name": structured.OUTPUT_TOOL}
+    return {"type": "any"}
 
 
 def to_messages(messages: Iterable[ChatMessage], *, notes: str = "") -> list[MessageParam]:
@@ -362,13 +398,21 @@ class _Open:
     block_type: BlockType
     signature: list[str] = field(default_factory=list)
     redacted: str | None = None
+    # The output tool's call, shown as a text block; its input JSON is held
+    # here until the block ends when it must be unwrapped.
+    held: list[str] | None = None
 
 
 @dataclass
 class _Translator:
     """State of one stream: open blocks, usage so far, the stop reason."""
 
+    # The output schema was wrapped (structured.tool_input_schema): the answer
+    # is the output tool's ``result`` property.
+    unwrap: bool = False
     blocks: dict[int, _Open] = field(default_factory=dict)
+    # Calls of tools the loop runs (the output tool's is not one).
+    tool_calls: int = 0
     next_index: int = 0
     usage: dict[str, int] = field(default_factory=dict)
     stop_reason: str | None = None
@@ -407,7 +451,10 @@ class _Translator:
         self.blocks[api_index] = opened
         self.next_index += 1
         i = opened.index
+        if kind == "tool_use" and content.name == structured.OUTPUT_TOOL:
+            return self._start_answer(opened, content.input)
         if kind == "tool_use":
+            self.tool_calls += 1
             out: list[ModelEvent] = [BlockStart(i, "tool_use", content.name, content.id)]
             if content.input:  # streamed input starts as {}; anything else is final
                 out.append(ToolInputChunk(i, json.dumps(content.input)))
@@ -421,12 +468,29 @@ class _Translator:
             out.append(TextChunk(i, content.text))
         return out
 
+    def _start_answer(self, opened: _Open, given: Any) -> list[ModelEvent]:
+        """The output tool's call opens a text block: its input is the answer."""
+        opened.block_type = "text"
+        text = json.dumps(given) if given else ""  # streamed input starts as {}
+        if self.unwrap:
+            opened.held = [text]
+            return [BlockStart(opened.index, "text")]
+        out: list[ModelEvent] = [BlockStart(opened.index, "text")]
+        if text:
+            out.append(TextChunk(opened.index, text))
+        return out
+
     def _delta(self, api_index: int, delta: Any) -> list[ModelEvent]:
         opened = self.blocks.get(api_index)
         if opened is None:
             return []
         i = opened.index
         kind = delta.type
+        if opened.held is not None and kind == "input_json_delta":
+            opened.held.append(delta.partial_json)
+            return []
+        if opened.block_type == "text" and kind == "input_json_delta" and delta.partial_json:
+            return [TextChunk(i, delta.partial_json)]
         if kind == "text_delta" and delta.text:
             return [TextChunk(i, delta.text)]
         if kind == "thinking_delta" and delta.thinking:
@@ -443,6 +507,8 @@ class _Translator:
             return []
         if opened.redacted is not None:
             return [BlockStop(opened.index, redacted=opened.redacted)]
+        if opened.held is not None:
+            return [*_unwrapped(opened.index, "".join(opened.held)), BlockStop(opened.index)]
         return [BlockStop(opened.index, "".join(opened.signature) or None)]
 
     def _count(self, usage: Any) -> None:
@@ -464,9 +530,23 @@ class _Translator:
 
     def _finish(self) -> Finish:
         raw = self.stop_reason or "end_turn"
-        return Finish(
-            _STOP_REASONS.get(raw, "end_turn"), {"raw_stop_reason": raw, **self.stop_extra}
-        )
+        stop_reason = _STOP_REASONS.get(raw, "end_turn")
+        if stop_reason == "tool_use" and not self.tool_calls:
+            stop_reason = "end_turn"  # it only called the output tool: it answered
+        return Finish(stop_reason, {"raw_stop_reason": raw, **self.stop_extra})
+
+
+def _unwrapped(index: int, raw: str) -> list[ModelEvent]:
+    """The answer inside a wrapped output tool's input (its ``result``), as
+    text; the input as it came when it is not the wrapper (the loop-worker's
+    validation then says what is wrong with it)."""
+    try:
+        given = json.loads(raw or "{}")
+    except json.JSONDecodeError:
+        return [TextChunk(index, raw)] if raw else []
+    if isinstance(given, dict) and structured.WRAPPED_PROPERTY in given:
+        return [TextChunk(index, json.dumps(given[structured.WRAPPED_PROPERTY]))]
+    return [TextChunk(index, raw)] if raw else []
 
 
 # --- errors: SDK exceptions → ProviderError ------------------------------
@@ -490,7 +570,7 @@ def _status_error(exc: anthropic.APIStatusError) -> ProviderError:
             f"Anthropic rate limit: {message}",
             details=details,
             retryable=exc.error_code not in _SPEND_LIMIT_CODES,
-            retry_after=None if in_stream else _retry_after(exc.response.headers),
+            retry_after=None if in_stream else retry_after(exc.response.headers),
             status=status,
         )
     if status in (400, 413) and _CONTEXT_OVERFLOW.search(message):
@@ -502,7 +582,7 @@ def _status_error(exc: anthropic.APIStatusError) -> ProviderError:
         f"Anthropic error {status}: {message}",
         details=details,
         retryable=status in (408, 409) or status >= 500,
-        retry_after=None if in_stream else _retry_after(exc.response.headers),
+        retry_after=None if in_stream else retry_after(exc.response.headers),
         status=status,
     )
 
@@ -516,19 +596,3 @@ def _connection_error(exc: Exception) -> ProviderError:
         details={"provider": "anthropic"},
         retryable=True,
     )
-
-
-def _retry_after(headers: httpx2.Headers) -> float | None:
-    """Seconds to wait: ``retry-after-ms``, else ``retry-after`` (seconds or a date)."""
-    try:
-        if (ms := headers.get("retry-after-ms")) is not None:
-            return max(float(ms) / 1000, 0.0)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return max(float(value), 0.0)
-        except ValueError:
-            return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
-    except (TypeError, ValueError):
-        return None

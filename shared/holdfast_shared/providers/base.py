@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from holdfast_shared.conversation import ChatMessage
-from holdfast_shared.errors import HoldfastError
+from holdfast_shared.errors import ErrorCode, HoldfastError
 from holdfast_shared.tools import ToolSpec as ToolSpec  # re-exported for providers
 
 BlockType = Literal["text", "thinking", "tool_use"]
@@ -52,6 +52,10 @@ class ModelRequest:
     # "skill": a prompt-only skill doing its work for the agent (the skill
     # tool's sub-call: no tools, its answer is the tool's result).
     purpose: Literal["turn", "summary", "extraction", "skill"] = "turn"
+    # A JSON Schema the final answer must meet (``output_schema`` on /execute):
+    # each provider asks for it natively and gives the answer as the call's
+    # text (``structured.py``). Only ``turn`` calls ask.
+    output_schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +143,14 @@ class ProviderError(HoldfastError):
         self.retryable = retryable
         self.retry_after = retry_after
         self.status = status
+
+
+def malformed_stream(provider: str, exc: Exception) -> ProviderError:
+    """An event the SDK could not read (not JSON, not an SSE line): retried, as
+    a corrupted transfer or a server's slip most likely does not repeat."""
+    return ProviderError(
+        ErrorCode.LLM_PROVIDER_ERROR,
+        f"malformed event in the {provider} stream: {exc}",
+        details={"provider": provider, "malformed": True},
+        retryable=True,
+    )

@@ -28,6 +28,12 @@ What it guarantees beyond the stream contract:
   ``contents`` first, so they travel in ``HttpOptions.extra_body`` (the SDK's
   way to add body fields, appended after the ones it builds), dumped to the
   wire format the SDK itself would send.
+* Structured output (``output_schema``, ``structured.py``): the turn's own
+  calls go out with ``responseMimeType: application/json`` and the schema as
+  ``responseJsonSchema`` (JSON Schema as it is; ``responseSchema`` takes only
+  the OpenAPI subset of Gemini's Schema type). The JSON answer is the text.
+  Models before Gemini 3 refuse a JSON response beside function
+  declarations: with tools, they get the schema in the system instruction.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from google.genai import errors, types
 
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
-from holdfast_shared.providers import media
+from holdfast_shared.providers import media, structured
 from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
@@ -60,8 +66,10 @@ from holdfast_shared.providers.base import (
     ThinkingChunk,
     ToolInputChunk,
     UsageReport,
+    malformed_stream,
 )
 from holdfast_shared.providers.toolpairs import paired
+from holdfast_shared.providers.waits import retry_after
 
 API_KEY_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 BASE_URL_VARIABLE = "HOLDFAST_GEMINI_BASE_URL"
@@ -174,10 +182,21 @@ class GeminiProvider:
                 )
             ]
         system = [text for text in (request.system, request.soul) if text]
+        # Structured output (``output_schema``): the JSON Schema as it is
+        # (``response_json_schema``; ``response_schema`` takes only the OpenAPI
+        # subset Gemini's Schema type knows, which a user's schema may leave).
+        # Before Gemini 3, a JSON response with function declarations is a 400:
+        # then the schema is asked for in the system instruction instead.
+        schema = structured.wanted(request)
+        if schema is not None and request.tools and not _tools_with_json(request.model):
+            system.append(structured.instruction(schema))
+            schema = None
         return types.GenerateContentConfig(
             system_instruction=cast("list[types.PartUnion]", system) or None,
             max_output_tokens=request.max_tokens,
             tools=tools,
+            response_mime_type="application/json" if schema is not None else None,
+            response_json_schema=schema,
             thinking_config=(
                 types.ThinkingConfig(include_thoughts=True) if self.include_thoughts else None
             ),
@@ -274,13 +293,7 @@ def _media_part(item: Mapping[str, Any]) -> types.Part:
     kind = media.media_type(item)
     if media.is_linked(item):
         return types.Part(file_data=types.FileData(mime_type=kind, file_uri=str(item["url"])))
-    try:
-        data = base64.b64decode(str(item["data"]), validate=True)
-    except binascii.Error as exc:
-        raise ProviderError(
-            ErrorCode.UNSUPPORTED_MEDIA, f"a {kind} item is not valid base64: {exc}"
-        ) from exc
-    return types.Part(inline_data=types.Blob(mime_type=kind, data=data))
+    return types.Part(inline_data=types.Blob(mime_type=kind, data=media.decoded(item)))
 
 
 def _model_parts(
@@ -315,6 +328,14 @@ def _wire_id(call_id: str) -> str | None:
 
 
 def _requires_signatures(model: str) -> bool:
+    match = _SIGNED_MODELS.match(model)
+    return match is not None and int(match.group(1)) >= 3
+
+
+def _tools_with_json(model: str) -> bool:
+    """Whether the model takes function calling and a JSON response schema in
+    one request (Gemini 3 on; earlier ones answer 400 "Function calling with a
+    response mime type: 'application/json' is unsupported")."""
     match = _SIGNED_MODELS.match(model)
     return match is not None and int(match.group(1)) >= 3
 
@@ -465,7 +486,7 @@ def provider_error(exc: Exception) -> ProviderError:
     if isinstance(exc, errors.APIError):
         return _api_error(exc)
     if isinstance(exc, errors.UnknownApiResponseError):
-        return ProviderError(ErrorCode.LLM_PROVIDER_ERROR, f"unreadable Gemini response: {exc}")
+        return malformed_stream("gemini", exc)
     # Connection refused or reset, timeouts, a stream cut mid-body.
     return ProviderError(
         ErrorCode.LLM_PROVIDER_ERROR,
@@ -503,12 +524,9 @@ def _api_error(exc: errors.APIError) -> ProviderError:
 
 def _retry_after(exc: errors.APIError) -> float | None:
     headers = getattr(exc.response, "headers", None)
-    header = headers.get("retry-after") if headers is not None else None
-    if header is not None:
-        try:
-            return float(header)
-        except ValueError:
-            pass  # An HTTP date; fall back to the body.
+    hinted = retry_after(headers) if headers is not None else None
+    if hinted is not None:
+        return hinted
     # Gemini itself puts the wait in the body: a google.rpc.RetryInfo detail
     # with a protobuf duration such as "47.434392449s".
     body = exc.details if isinstance(exc.details, dict) else {}

@@ -18,7 +18,7 @@ from holdfast_shared.errors import ErrorCode
 from holdfast_shared.media_support import is_linked, unsupported_media
 from holdfast_shared.providers.base import ModelRequest, ProviderError
 
-__all__ = ["data_uri", "decoded_text", "is_linked", "media_type", "require_supported"]
+__all__ = ["data_uri", "decoded", "decoded_text", "is_linked", "media_type", "require_supported"]
 
 
 def require_supported(provider: str, request: ModelRequest) -> None:
@@ -44,12 +44,16 @@ def data_uri(item: Mapping[str, Any]) -> str:
     return f"data:{media_type(item)};base64,{item['data']}"
 
 
-def decoded_text(item: Mapping[str, Any]) -> str:
-    """An inline ``text/plain`` item's text (UTF-8, undecodable bytes replaced)."""
+def decoded(item: Mapping[str, Any]) -> bytes:
+    """An inline item's bytes; ``UNSUPPORTED_MEDIA`` when its data is not base64."""
     try:
-        raw = base64.b64decode(str(item["data"]), validate=True)
+        return base64.b64decode(str(item["data"]), validate=True)
     except binascii.Error as exc:
         raise ProviderError(
-            ErrorCode.UNSUPPORTED_MEDIA, f"a text/plain item is not valid base64: {exc}"
+            ErrorCode.UNSUPPORTED_MEDIA, f"a {media_type(item)} item is not valid base64: {exc}"
         ) from exc
-    return raw.decode("utf-8", errors="replace")
+
+
+def decoded_text(item: Mapping[str, Any]) -> str:
+    """An inline ``text/plain`` item's text (UTF-8, undecodable bytes replaced)."""
+    return decoded(item).decode("utf-8", errors="replace")

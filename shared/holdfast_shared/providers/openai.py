@@ -16,6 +16,13 @@ Completions has no field for them. The output limit goes out as
 deprecated ``max_tokens``) and as ``max_tokens`` to any other base URL
 (Ollama and LM Studio only read that one).
 
+Text-only content always goes as a string, never a list of parts: the chat
+templates of llama.cpp's server (llama-cpp-python's formats) drop list
+content. Templates that drop the system message (llama-cpp-python's
+``gemma``) get it folded into the first user message instead, for the models
+``HOLDFAST_OPENAI_SYSTEM_AS_USER`` names (fnmatch patterns, comma-separated,
+case-insensitive; default ``*gemma*``; empty: none).
+
 Media (``holdfast_shared.media_support``) go before the text of their user message,
 which then has content parts: images as ``image_url`` parts (the URL, or a
 ``data:`` URI), PDFs as ``file`` parts (``file_data`` as a ``data:`` URI with
@@ -26,11 +33,17 @@ as ``input_audio`` parts (audio models only). Anything else fails the call as
 Prompt caching: OpenAI caches the longest prefix it has seen, routed by
 ``prompt_cache_key`` — the task's ``cache_key``. The body goes out with what
 changes least first (settings, ``tools``, then ``messages``, the system
-message leading them) and ``notes`` last, as a text part of the last user
-message, or a user message of their own after tool messages. The SDK's
+message leading them) and ``notes`` last, appended to the text of the last
+user message (its last text part when it has media), or a user message of
+their own after tool messages. The SDK's
 ``chat.completions.create`` would put ``messages`` before ``tools`` whatever
 the order of its arguments, so the body is built here and sent with the
 SDK's own ``post`` (same client, auth, errors and SSE decoding).
+
+Structured output (``output_schema``, ``structured.py``): the turn's own
+calls carry ``response_format`` ``{"type": "json_schema", "json_schema":
+{"name": "result", "schema": ..., "strict": false}}``; the answer is the
+content, JSON.
 
 What it reads: ``delta.reasoning_content`` or ``delta.reasoning`` (vLLM,
 DeepSeek, Ollama) as a thinking block, ``delta.content`` as text,
@@ -43,11 +56,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -68,13 +80,14 @@ from openai.types.chat import (
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageFunctionToolCallParam,
     ChatCompletionMessageParam,
+    ChatCompletionUserMessageParam,
 )
 from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
 
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.media_support import IMAGES, OPENAI_AUDIO_FORMATS, PDF
-from holdfast_shared.providers import media
+from holdfast_shared.providers import media, structured
 from holdfast_shared.providers.base import (
     BlockStart,
     BlockStop,
@@ -88,11 +101,15 @@ from holdfast_shared.providers.base import (
     ToolInputChunk,
     ToolSpec,
     UsageReport,
+    malformed_stream,
 )
 from holdfast_shared.providers.toolpairs import paired
+from holdfast_shared.providers.waits import retry_after
 
 API_KEY_ENV = "OPENAI_API_KEY"
 BASE_URL_ENV = "OPENAI_BASE_URL"
+SYSTEM_AS_USER_ENV = "HOLDFAST_OPENAI_SYSTEM_AS_USER"
+DEFAULT_SYSTEM_AS_USER = "*gemma*"
 # Local servers ignore the key, but the SDK refuses to build a client without one.
 LOCAL_PLACEHOLDER_KEY = "unused"
 
@@ -113,7 +130,24 @@ def from_env(environ: Mapping[str, str]) -> OpenAIProvider | None:
     base_url = environ.get(BASE_URL_ENV) or None
     if api_key is None and base_url is None:
         return None
-    return OpenAIProvider(api_key=api_key or LOCAL_PLACEHOLDER_KEY, base_url=base_url)
+    return OpenAIProvider(
+        api_key=api_key or LOCAL_PLACEHOLDER_KEY,
+        base_url=base_url,
+        system_as_user=system_as_user_patterns(
+            environ.get(SYSTEM_AS_USER_ENV, DEFAULT_SYSTEM_AS_USER)
+        ),
+    )
+
+
+def system_as_user_patterns(value: str) -> tuple[str, ...]:
+    """``HOLDFAST_OPENAI_SYSTEM_AS_USER``'s patterns (comma-separated, lower-cased)."""
+    return tuple(p.strip().lower() for p in value.split(",") if p.strip())
+
+
+def folds_system(model: str, patterns: Iterable[str]) -> bool:
+    """Whether ``model``'s system prompt goes into its first user message."""
+    name = model.lower()
+    return any(fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def default_max_tokens_param(base_url: str | None) -> MaxTokensParam:
@@ -132,6 +166,7 @@ class OpenAIProvider:
         api_key: str,
         base_url: str | None = None,
         max_tokens_param: MaxTokensParam | None = None,
+        system_as_user: tuple[str, ...] = (),
     ) -> None:
         # max_retries=0: retries belong to stream_with_retries, which knows
         # whether output was already emitted. base_url None leaves the SDK's
@@ -140,6 +175,16 @@ class OpenAIProvider:
         # Decided on the URL the SDK resolved, which may come from its own env lookup.
         resolved = str(self._client.base_url)
         self._max_tokens_param = max_tokens_param or default_max_tokens_param(resolved)
+        self._system_as_user = system_as_user
+
+    @property
+    def endpoint(self) -> str | None:
+        """The self-hosted server this provider calls, whose calls compete for
+        it (``holdfast_shared.endpoint_calls``); None for OpenAI's own API."""
+        url = str(self._client.base_url)
+        if urlsplit(url).hostname == "api.openai.com":
+            return None
+        return f"{self.name} {url}"
 
     async def aclose(self) -> None:
         """Release the SDK client's connection pool."""
@@ -147,7 +192,11 @@ class OpenAIProvider:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         media.require_supported(self.name, request)
-        body = to_body(request, self._max_tokens_param)
+        body = to_body(
+            request,
+            self._max_tokens_param,
+            system_as_user=folds_system(request.model, self._system_as_user),
+        )
         translator = _Translator()
         try:
             chunks = await self._client.post(
@@ -166,9 +215,7 @@ class OpenAIProvider:
         except OpenAIError as exc:
             raise provider_error(exc) from exc
         except json.JSONDecodeError as exc:
-            raise ProviderError(
-                ErrorCode.LLM_PROVIDER_ERROR, f"malformed chunk in the model stream: {exc}"
-            ) from exc
+            raise malformed_stream(self.name, exc) from exc
         for event in translator.finish():
             yield event
 
@@ -190,7 +237,9 @@ def to_tools(specs: Iterable[ToolSpec]) -> list[ChatCompletionFunctionToolParam]
     ]
 
 
-def to_body(request: ModelRequest, limit: MaxTokensParam) -> dict[str, Any]:
+def to_body(
+    request: ModelRequest, limit: MaxTokensParam, *, system_as_user: bool = False
+) -> dict[str, Any]:
     """The JSON body of one call, in the order the prompt is cached: stable parts first."""
     body: dict[str, Any] = {
         "model": request.model,
@@ -202,14 +251,32 @@ def to_body(request: ModelRequest, limit: MaxTokensParam) -> dict[str, Any]:
         body["prompt_cache_key"] = request.cache_key
     if request.tools:
         body["tools"] = to_tools(request.tools)
-    body["messages"] = to_messages(request)
+    if (schema := structured.wanted(request)) is not None:
+        body["response_format"] = response_format(schema)
+    body["messages"] = to_messages(request, system_as_user=system_as_user)
     return body
 
 
-def to_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
+def response_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """Structured output (``output_schema``): the answer is JSON for ``schema``.
+
+    Not ``strict``: strict mode takes only a subset of JSON Schema (every
+    property required, ``additionalProperties: false``), and a user's schema
+    need not be in it; the loop-worker validates the answer either way."""
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": structured.SCHEMA_NAME, "schema": schema, "strict": False},
+    }
+
+
+def to_messages(
+    request: ModelRequest, *, system_as_user: bool = False
+) -> list[ChatCompletionMessageParam]:
+    """The messages of one call; ``system_as_user``: the system prompt opens the
+    first user message instead (for chat templates that drop system messages)."""
     messages: list[ChatCompletionMessageParam] = []
     system = "\n\n".join(text for text in (request.system, request.soul) if text)
-    if system:
+    if system and not system_as_user:
         messages.append({"role": "system", "content": system})
     for message in paired(request.messages):
         if message.role == "assistant":
@@ -219,23 +286,41 @@ def to_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
         else:
             messages.extend(_user_messages(message))
     if request.notes:
-        _add_notes(messages, request.notes)
+        _add_text(messages, request.notes, first=False)
+    if system and system_as_user:
+        _add_text(messages, system, first=True)
     return messages
 
 
-def _add_notes(messages: list[ChatCompletionMessageParam], notes: str) -> None:
-    """``notes`` as the last text part of the last user message, or after the tool messages."""
-    last = messages[-1] if messages else None
-    if last is None or last["role"] != "user":
-        # Chat Completions takes a user message after the tool messages.
-        messages.append({"role": "user", "content": notes})
+def _add_text(messages: list[ChatCompletionMessageParam], text: str, *, first: bool) -> None:
+    """``text`` after the text of the last user message (``first``: before the
+    text of the first one), or as a user message of its own where there is
+    none (after tool messages: Chat Completions takes a user message there).
+    A string stays a string: llama.cpp's chat templates drop list content."""
+    users = [m for m in messages if m["role"] == "user"]
+    if not users or (not first and messages[-1] is not users[-1]):
+        own: ChatCompletionUserMessageParam = {"role": "user", "content": text}
+        messages.insert(0 if first else len(messages), own)
         return
-    content = last["content"]
-    parts: list[ChatCompletionContentPartParam] = (
-        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    )
-    parts.append({"type": "text", "text": notes})
-    last["content"] = parts
+    target = users[0] if first else users[-1]
+    content = target["content"]
+    if isinstance(content, str):
+        target["content"] = _joined(text, content, first=first)
+        return
+    parts = list(content)
+    texts = [i for i, part in enumerate(parts) if part["type"] == "text"]
+    if not texts:
+        parts.append({"type": "text", "text": text})
+    else:
+        at = texts[0] if first else texts[-1]
+        part = parts[at]
+        if part["type"] == "text":
+            parts[at] = {"type": "text", "text": _joined(text, part["text"], first=first)}
+    target["content"] = parts
+
+
+def _joined(text: str, content: str, *, first: bool) -> str:
+    return f"{text}\n\n{content}" if first else f"{content}\n\n{text}"
 
 
 def _assistant_message(
@@ -388,6 +473,18 @@ class _Translator:
         return events
 
     def finish(self) -> list[ModelEvent]:
+        if self._finish_reason is None and self._next_index == 0 and self._usage is None:
+            # Nothing at all after HTTP 200: how llama-cpp-python's server ends
+            # a prompt over its window (the error only in its log). Taken for an
+            # overflow, marked as a guess: the context engine compacts and
+            # tries again when the prompt was big (context/budget.py).
+            raise ProviderError(
+                ErrorCode.CONTEXT_OVERFLOW,
+                "the model stream ended without any output or finish_reason "
+                "(a prompt over the model's context window, as llama.cpp's server ends it?)",
+                details={"provider": "openai", "suspected_overflow": True},
+                retryable=False,
+            )
         if self._finish_reason is None:
             # The body ended cleanly but early (a proxy cut it, or the server
             # died after flushing): not a finished answer.
@@ -508,9 +605,14 @@ def usage_report(usage: CompletionUsage | None) -> UsageReport:
 
 # --- errors ----------------------------------------------------------------
 
-# vLLM and most compatible servers send no code, only OpenAI's message text.
+# vLLM and most compatible servers send no code, only OpenAI's message text:
+# "maximum context length is N tokens" (OpenAI, vLLM), llama.cpp's "exceeds the
+# available context size", "Requested tokens (N) exceed context window of M"
+# (llama-cpp-python) and "context shift is disabled", Ollama's "input length
+# exceeds the context length".
 _CONTEXT_MESSAGE = re.compile(
-    r"context[_ ]length|maximum context|context size|context window", re.I
+    r"context[_ ]length|maximum context|context size|context window|context shift",
+    re.I,
 )
 _TRANSIENT_TYPES = {"server_error", "internal_error", "overloaded_error", "service_unavailable"}
 _RETRYABLE_STATUS = {408, 409, 429}
@@ -583,21 +685,5 @@ def _is_5xx_code(code: str | None) -> bool:
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` (OpenAI) or ``retry-after`` (seconds or a date)."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(float(millis) / 1000, 0.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
-    except (TypeError, ValueError):
-        return None
+    """Seconds to wait, from the retry headers (``waits.retry_after``)."""
+    return retry_after(headers)

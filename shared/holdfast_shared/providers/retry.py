@@ -1,15 +1,22 @@
 """Retries around a model stream (tenacity), the same for every provider.
 
-A call is retried only while it has produced nothing: once a delta reached
-the client, repeating the call would show the user text twice, so a failure
-after that point is final (:class:`StreamInterrupted`) and the loop ends the
-turn cleanly (see the loop-worker's ``turn/model_step.py``). Waits back off
-exponentially with jitter and never undercut the server's ``retry-after``.
+A call that failed before it produced anything is simply made again. Once
+output reached the client, repeating the call would show the user text
+twice: a caller that can take that output back passes ``on_restart``, which
+is awaited before the next attempt (the loop-worker marks the attempt's
+events discarded, ``turn/model_step.py``); without it, or on the last
+attempt, the failure is final (:class:`StreamInterrupted`) and the loop ends
+the turn cleanly. Waits back off exponentially with jitter and never
+undercut the server's ``retry-after`` (capped at ``max_wait``).
+
+``before_attempt`` is awaited before every attempt, the first included: the
+learning centre gives way there to the turns calling the same local server,
+whose next request would otherwise cut its retry off (or be cut off by it).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from tenacity import (
     AsyncRetrying,
@@ -25,6 +32,7 @@ from holdfast_shared.providers.base import (
     Provider,
     ProviderError,
 )
+from holdfast_shared.providers.deadlines import CallLimits, bounded, configured_limits
 
 
 class StreamInterrupted(ProviderError):
@@ -58,6 +66,10 @@ class _WaitHonouringRetryAfter:
         return wait
 
 
+# Takes back an attempt's output before the call is made again.
+Restart = Callable[[ProviderError], Awaitable[None]]
+
+
 async def stream_with_retries(
     provider: Provider,
     request: ModelRequest,
@@ -65,8 +77,14 @@ async def stream_with_retries(
     attempts: int = 4,
     initial_wait: float = 0.5,
     max_wait: float = 30.0,
+    on_restart: Restart | None = None,
+    limits: CallLimits | None = None,
+    before_attempt: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[ModelEvent]:
-    """``provider.stream(request)``, retried on retryable failures before any output."""
+    """``provider.stream(request)``, each attempt within ``limits`` (else the
+    configured ones, ``deadlines.py``), retried on retryable failures: before
+    any output, or after it when ``on_restart`` took that output back."""
+    limits = limits or configured_limits()
     retrying = AsyncRetrying(
         retry=retry_if_exception(_retryable),
         wait=_WaitHonouringRetryAfter(initial_wait, max_wait),
@@ -76,11 +94,17 @@ async def stream_with_retries(
     async for attempt in retrying:
         with attempt:
             produced = False
+            if before_attempt is not None:
+                await before_attempt()
             try:
-                async for event in provider.stream(request):
+                async for event in bounded(provider.stream(request), limits):
                     produced = True
                     yield event
             except ProviderError as exc:
-                if produced:
+                if not produced:
+                    raise
+                last = attempt.retry_state.attempt_number >= attempts
+                if on_restart is None or last or not _retryable(exc):
                     raise StreamInterrupted(exc) from exc
+                await on_restart(exc)
                 raise

@@ -38,6 +38,13 @@ It goes through the same code path as a real provider. What it answers:
   prompt the skill tool writes (``holdfast_shared.skills.disclosure``).
 * When the request carries an engine summary of earlier turns, the echo
   ends with ``[summary in context]``, so tests can see the model got it.
+* With an output schema (``output_schema``, ``structured.py``) the answer is
+  the script's ``"result"`` as JSON, or with ``"results": [first, second,
+  ...]`` the one for this attempt (the first, then the next after each
+  correction the loop-worker sends; the last repeats), so tests can answer
+  wrongly, then rightly; ``delay_ms`` paces its words. A script's
+  ``tool_calls`` are made first; without ``result`` the answer is the echo,
+  which no schema of an object accepts.
 
 It counts a request's size the way the context engine estimates it (four
 characters a token) and reports it as ``input_tokens``; with
@@ -69,6 +76,7 @@ from holdfast_shared.providers.base import (
 )
 from holdfast_shared.providers.scripted_learning import FAIL_MARK
 from holdfast_shared.providers.scripted_learning import extract as extract_memories
+from holdfast_shared.providers.structured import wanted as structured_output
 
 SCRIPT_PREFIX = "/script"
 # Milliseconds an extraction call takes (tests catch the learning service mid-batch).
@@ -147,11 +155,14 @@ class ScriptedProvider:
         results = [b for b in (last.blocks if last else ()) if b.get("type") == "tool_result"]
         user_messages = [m for m in request.messages if m.role == "user" and m.text]
         latest = user_messages[-1].text if user_messages else ""
-        if results:
+        script: dict[str, Any]
+        if structured_output(request) is not None:
+            script = self._answer(request, calls_done=bool(results))
+        elif results:
             summary = [
                 {k: r.get(k) for k in ("output", "error") if r.get(k) is not None} for r in results
             ]
-            script: dict[str, Any] = {"text": "Tool results: " + json.dumps(summary)}
+            script = {"text": "Tool results: " + json.dumps(summary)}
         else:
             script = self._script(latest, [m.text for m in user_messages[:-1]])
             if script.get("echo_notes"):
@@ -258,6 +269,26 @@ class ScriptedProvider:
         yield BlockStop(0)
         yield UsageReport(input_tokens=size, output_tokens=len(payload) // 4)
         yield Finish("tool_use")
+
+    @classmethod
+    def _answer(cls, request: ModelRequest, *, calls_done: bool) -> dict[str, Any]:
+        """The script's structured answer for this attempt (``result``/``results``)."""
+        said = [m.text for m in request.messages if m.role == "user" and m.text]
+        scripted = [i for i, text in enumerate(said) if text.startswith(SCRIPT_PREFIX)]
+        start = scripted[-1] if scripted else len(said) - 1
+        script = cls._script(said[start] if said else "", said[:start])
+        # Messages after the script's are the loop-worker's corrections.
+        attempt = len(said) - 1 - start
+        if script.get("tool_calls") and not calls_done and attempt == 0:
+            return {"tool_calls": script["tool_calls"]}
+        # delay_ms paces the answer's words, as any script's (tests kill a worker mid-answer).
+        paced = {"delay_ms": script["delay_ms"]} if "delay_ms" in script else {}
+        if script.get("results"):
+            answers = list(script["results"])
+            return {"text": json.dumps(answers[min(attempt, len(answers) - 1)]), **paced}
+        if "result" in script:
+            return {"text": json.dumps(script["result"]), **paced}
+        return {"text": script.get("text", ""), **paced}
 
     @staticmethod
     def _script(latest: str, earlier: list[str]) -> dict[str, Any]:

@@ -7,10 +7,14 @@ body: the instructions the agent loads when it uses the skill. Other files
 (``scripts/``, references, templates) sit beside it, by relative path.
 
 A :class:`Skill` is that folder, checked: a name of lowercase letters,
-digits and single hyphens (at most 64 characters), a description of at most
-1024, a non-empty body, and files whose paths stay inside the folder
-(:func:`check_files`), within the caps below. Built-in skills
-(``builtin.py``) and a tenant's own (``store.py``) are the same type.
+digits and single hyphens (at most 64 characters), a description, a
+non-empty body, and files whose paths stay inside the folder
+(:func:`check_files`), within the caps below (the total a setting of the
+gateway's: ``HOLDFAST_SKILL_MAX_BYTES``). The format's 1024 characters are a
+limit on what the model sees: a longer description is cut to them, and the
+skill carries a warning saying so (:func:`fit_description`; published skills
+run past it). Built-in skills (``builtin.py``) and a tenant's own
+(``store.py``) are the same type.
 """
 
 from __future__ import annotations
@@ -98,11 +102,24 @@ def check_name(name: str) -> str:
 def check_description(description: str) -> str:
     if not description.strip():
         raise ValueError("the description is blank")
-    if len(description) > MAX_DESCRIPTION_CHARS:
-        raise ValueError(f"a description has at most {MAX_DESCRIPTION_CHARS} characters")
     if "\x00" in description:
         raise ValueError("the description contains a NUL character")
     return description
+
+
+def fit_description(description: str) -> tuple[str, str | None]:
+    """``description`` cut to :data:`MAX_DESCRIPTION_CHARS` (at a word when one
+    ends near), and the warning to give when it was cut, else None."""
+    if len(description) <= MAX_DESCRIPTION_CHARS:
+        return description, None
+    head = description[: MAX_DESCRIPTION_CHARS - 1]
+    space = head.rfind(" ", MAX_DESCRIPTION_CHARS - 100)
+    cut = (head[:space] if space > 0 else head).rstrip() + "…"
+    warning = (
+        f"the description has {len(description)} characters; the model sees its first "
+        f"{len(cut)} (the Agent Skills limit is {MAX_DESCRIPTION_CHARS})"
+    )
+    return cut, warning
 
 
 def check_path(path: str) -> str:
@@ -130,7 +147,9 @@ def check_path(path: str) -> str:
     return path
 
 
-def check_files(files: Mapping[str, bytes], *, with_skill_file: bool) -> None:
+def check_files(
+    files: Mapping[str, bytes], *, with_skill_file: bool, max_total_bytes: int = MAX_TOTAL_BYTES
+) -> None:
     """Every path safe, no file also a folder of another, and the caps kept.
 
     ``with_skill_file``: whether ``files`` holds SKILL.md itself (an archive)
@@ -155,10 +174,10 @@ def check_files(files: Mapping[str, bytes], *, with_skill_file: bool) -> None:
                 entry=path,
             )
     total = sum(len(content) for content in files.values())
-    if total > MAX_TOTAL_BYTES:
+    if total > max_total_bytes:
         raise SkillTooLarge(
-            f"a skill's files together have at most {MAX_TOTAL_BYTES} bytes, these {total}",
-            limit=MAX_TOTAL_BYTES,
+            f"a skill's files together have at most {max_total_bytes} bytes, these {total}",
+            limit=max_total_bytes,
         )
 
 
@@ -219,6 +238,8 @@ class Skill:
     body: str
     files: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
     builtin: bool = False
+    # What was changed to make it fit (a description cut to the model's limit).
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def skill_file(self) -> bytes:
         return render_skill_file(self.name, self.description, self.body).encode()
@@ -246,9 +267,11 @@ class Skill:
         return bool(self.files)
 
 
-def skill_from_folder(files: Mapping[str, bytes], *, builtin: bool = False) -> Skill:
+def skill_from_folder(
+    files: Mapping[str, bytes], *, builtin: bool = False, max_total_bytes: int = MAX_TOTAL_BYTES
+) -> Skill:
     """The skill a folder's files make (``files`` with SKILL.md), checked."""
-    check_files(files, with_skill_file=True)
+    check_files(files, with_skill_file=True, max_total_bytes=max_total_bytes)
     raw = files.get(SKILL_FILE)
     if raw is None:
         raise SkillInvalid(SKILL_FILE, "missing: a skill's folder holds a SKILL.md")
@@ -257,37 +280,48 @@ def skill_from_folder(files: Mapping[str, bytes], *, builtin: bool = False) -> S
     except UnicodeDecodeError:
         raise SkillInvalid(SKILL_FILE, "is not UTF-8 text") from None
     name, description, body = parse_skill_file(text)
+    description, warning = fit_description(description)
     others = {path: files[path] for path in sorted(files) if path != SKILL_FILE}
-    return Skill(name, description, body, MappingProxyType(others), builtin)
+    warnings = (warning,) if warning else ()
+    return Skill(name, description, body, MappingProxyType(others), builtin, warnings)
 
 
-def new_skill(name: str, description: str, body: str, files: Mapping[str, bytes]) -> Skill:
+def new_skill(
+    name: str,
+    description: str,
+    body: str,
+    files: Mapping[str, bytes],
+    *,
+    max_total_bytes: int = MAX_TOTAL_BYTES,
+) -> Skill:
     """A skill from its parts (``POST /skills`` as JSON), checked as a folder is
     (a description or body of blanks is the client's own business here)."""
     try:
         check_name(name)
     except ValueError as exc:
         raise SkillInvalid("name", str(exc)) from None
-    if not description or len(description) > MAX_DESCRIPTION_CHARS:
-        raise SkillInvalid("description", f"1 to {MAX_DESCRIPTION_CHARS} characters")
+    if not description:
+        raise SkillInvalid("description", "the description is empty")
+    description, warning = fit_description(description)
     if not body:
         raise SkillInvalid("body", "the skill's instructions are empty")
     if SKILL_FILE in files:
         raise SkillInvalid(SKILL_FILE, "is made from name, description and body; not a file")
-    check_files(files, with_skill_file=False)
+    check_files(files, with_skill_file=False, max_total_bytes=max_total_bytes)
     skill = Skill(
         name,
         description,
         body,
         MappingProxyType({path: files[path] for path in sorted(files)}),
+        warnings=(warning,) if warning else (),
     )
     if len(skill.skill_file()) > MAX_FILE_BYTES:
         raise SkillTooLarge(
             f"body: SKILL.md has at most {MAX_FILE_BYTES} bytes", limit=MAX_FILE_BYTES, entry="body"
         )
-    if skill.size_bytes > MAX_TOTAL_BYTES:
+    if skill.size_bytes > max_total_bytes:
         raise SkillTooLarge(
-            f"a skill's files together have at most {MAX_TOTAL_BYTES} bytes",
-            limit=MAX_TOTAL_BYTES,
+            f"a skill's files together have at most {max_total_bytes} bytes",
+            limit=max_total_bytes,
         )
     return skill

@@ -11,19 +11,22 @@ archive again, and the file list is read without the bytes.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import ARRAY, Text, delete, literal_column, select
+from sqlalchemy import ARRAY, ColumnElement, Text, and_, delete, literal_column, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_shared.db.models import SkillRecord
 from holdfast_shared.skills.builtin import builtin_skills
 from holdfast_shared.skills.format import Skill
+
+# What a lookup makes of a skill: a summary, the whole skill, its name.
+X = TypeVar("X")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,62 +117,65 @@ async def skill_body(session: AsyncSession, tenant_id: str, name: str) -> str | 
     )
 
 
+async def _resolved(
+    names: Iterable[str],
+    builtin: Callable[[Skill], X],
+    own: Callable[[list[str]], Awaitable[Iterable[tuple[str, X]]]],
+) -> dict[str, X]:
+    """The skills among ``names`` the tenant has, in ``names``' order, once each:
+    a built-in made by ``builtin``, the others as ``own`` reads them (asked only
+    for names that are no built-in, and not at all when there are none)."""
+    wanted = list(dict.fromkeys(names))
+    builtins = builtin_skills()
+    others = [name for name in wanted if name not in builtins]
+    stored = dict(await own(others)) if others else {}
+    resolved: dict[str, X] = {}
+    for name in wanted:
+        if name in builtins:
+            resolved[name] = builtin(builtins[name])
+        elif name in stored:
+            resolved[name] = stored[name]
+    return resolved
+
+
+def _named(tenant_id: str, names: list[str]) -> ColumnElement[bool]:
+    return and_(SkillRecord.tenant_id == tenant_id, SkillRecord.name.in_(names))
+
+
 async def summaries(
     session: AsyncSession, tenant_id: str, names: Sequence[str]
 ) -> list[SkillSummary]:
     """The skills among ``names`` the tenant has (built-in or its own), in
     ``names``' order, once each; the others are left out."""
-    wanted = list(dict.fromkeys(names))
-    builtins = builtin_skills()
-    own = [name for name in wanted if name not in builtins]
-    stored: dict[str, SkillSummary] = {}
-    if own:
-        rows = await session.execute(
-            select(*_SUMMARY_COLUMNS).where(
-                SkillRecord.tenant_id == tenant_id, SkillRecord.name.in_(own)
-            )
-        )
-        stored = {summary.name: summary for summary in map(_summary, rows)}
-    found: list[SkillSummary] = []
-    for name in wanted:
-        if name in builtins:
-            found.append(SkillSummary.of(builtins[name]))
-        elif name in stored:
-            found.append(stored[name])
-    return found
+
+    async def own(names: list[str]) -> Iterable[tuple[str, SkillSummary]]:
+        rows = await session.execute(select(*_SUMMARY_COLUMNS).where(_named(tenant_id, names)))
+        return ((summary.name, summary) for summary in map(_summary, rows))
+
+    return list((await _resolved(names, SkillSummary.of, own)).values())
 
 
 async def load_skills(session: AsyncSession, tenant_id: str, names: Sequence[str]) -> list[Skill]:
     """The whole skills among ``names`` the tenant has, in order; others left out."""
-    wanted = list(dict.fromkeys(names))
-    builtins = builtin_skills()
-    own = [name for name in wanted if name not in builtins]
-    stored: dict[str, Skill] = {}
-    if own:
-        rows = await session.scalars(
-            select(SkillRecord).where(SkillRecord.tenant_id == tenant_id, SkillRecord.name.in_(own))
-        )
-        stored = {row.name: from_record(row) for row in rows}
-    found = [builtins.get(name) or stored.get(name) for name in wanted]
-    return [skill for skill in found if skill is not None]
+
+    async def own(names: list[str]) -> Iterable[tuple[str, Skill]]:
+        rows = await session.scalars(select(SkillRecord).where(_named(tenant_id, names)))
+        return ((row.name, from_record(row)) for row in rows)
+
+    return list((await _resolved(names, lambda skill: skill, own)).values())
 
 
 async def unknown_skills(session: AsyncSession, tenant_id: str, names: Iterable[str]) -> list[str]:
     """The names among ``names`` that are no skill of the tenant (built-in or
     its own), in order, once each."""
     wanted = list(dict.fromkeys(names))
-    builtins = builtin_skills()
-    own = [name for name in wanted if name not in builtins]
-    existing: set[str] = set()
-    if own:
-        existing = set(
-            await session.scalars(
-                select(SkillRecord.name).where(
-                    SkillRecord.tenant_id == tenant_id, SkillRecord.name.in_(own)
-                )
-            )
-        )
-    return [name for name in own if name not in existing]
+
+    async def own(names: list[str]) -> Iterable[tuple[str, str]]:
+        found = await session.scalars(select(SkillRecord.name).where(_named(tenant_id, names)))
+        return ((name, name) for name in found)
+
+    known = await _resolved(wanted, lambda skill: skill.name, own)
+    return [name for name in wanted if name not in known]
 
 
 async def create_skill(session: AsyncSession, tenant_id: str, skill: Skill) -> SkillSummary | None:

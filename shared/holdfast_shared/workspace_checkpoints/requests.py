@@ -15,8 +15,9 @@ import secrets
 
 from redis.asyncio import Redis
 
-from holdfast_shared.jobs import WorkspaceReply, WorkspaceRequest
+from holdfast_shared.jobs import WorkspaceFiles, WorkspaceReply, WorkspaceRequest
 from holdfast_shared.keys import Keys
+from holdfast_shared.redisconn import blpop_within
 
 
 class WorkspaceRequestError(RuntimeError):
@@ -74,21 +75,29 @@ async def _request(
         archive_id=archive_id,
         reply_to=keys.workspace_reply(request_id),
     )
-    await redis.xadd(keys.tools, request.to_fields())
-    try:
-        # redis-py types BLPOP's timeout as int; Redis takes fractions of a second.
-        answered: list[str] | None = await redis.blpop(  # type: ignore[misc]
-            [request.reply_to],
-            timeout=timeout,  # type: ignore[arg-type]
-        )
-    finally:
-        # Nobody waits for a late answer: let it not linger.
-        await redis.expire(request.reply_to, 60)
+    answered = await ask_runner(redis, keys, request, timeout)
     if answered is None:
         raise WorkspaceRequestTimeout(
             f"no tool-runner answered the workspace {action} of task {task_id} within {timeout} s"
         )
-    reply = WorkspaceReply.model_validate_json(answered[1])
+    reply = WorkspaceReply.model_validate_json(answered)
     if reply.error is not None:
         raise WorkspaceRequestError(f"workspace {action} of task {task_id}: {reply.error}")
     return reply
+
+
+async def ask_runner(
+    redis: Redis,
+    keys: Keys,
+    request: WorkspaceRequest | WorkspaceFiles,
+    timeout: float,  # noqa: ASYNC109 - see above
+) -> str | None:
+    """Send ``request`` to the tool-runners and wait for its answer on its
+    ``reply_to`` list: the answer's JSON, None if none came within ``timeout``."""
+    await redis.xadd(keys.tools, request.to_fields())
+    try:
+        answered = await blpop_within(redis, [request.reply_to], timeout)
+    finally:
+        # Nobody waits for a late answer: let it not linger.
+        await redis.expire(request.reply_to, 60)
+    return None if answered is None else answered[1]

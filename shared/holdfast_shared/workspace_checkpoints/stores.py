@@ -198,9 +198,7 @@ class PostgresStore:
             func.coalesce(func.sum(func.octet_length(WorkspaceArchive.manifest.cast(Text))), 0)
         ).where(WorkspaceArchive.tenant_id == tenant_id)
         async with self.sessions() as session:
-            return int(await session.scalar(blobs) or 0) + int(
-                await session.scalar(archives) or 0
-            )
+            return int(await session.scalar(blobs) or 0) + int(await session.scalar(archives) or 0)
 
 
 def _upsert_head(tenant_id: str, task_id: str, archive_id: str) -> Executable:

@@ -37,7 +37,8 @@ own; ``env`` sets the engine's ``HOLDFAST_*`` settings (the model is
 * **faults on demand**: :meth:`~EngineEnvironment.kill` a process with any
   signal that ends it, :meth:`~EngineEnvironment.kill_all` at once,
   :meth:`~EngineEnvironment.restart_redis` (its own Redis: durable, so a
-  crash loses nothing acknowledged);
+  crash loses nothing acknowledged), and a :class:`FaultProxy` to put between
+  the engine and any server it uses (latency, bandwidth, resets, blackholes);
 * **bounds that scale with the machine**: every wait for readiness is
   multiplied by :func:`time_scale` (``HOLDFAST_TEST_TIME_SCALE``, else the
   load per CPU), and tests multiply their own liveness bounds by it;
@@ -48,6 +49,7 @@ own; ``env`` sets the engine's ``HOLDFAST_*`` settings (the model is
 
 from holdfast.testing.database import add_api_key, create_database, drop_database
 from holdfast.testing.environment import EngineEnvironment
+from holdfast.testing.faultproxy import FaultProxy, Faults
 from holdfast.testing.processes import KINDS, Kind, Process, free_port
 from holdfast.testing.readiness import NotReady
 from holdfast.testing.servers import RedisServer, delete_keys
@@ -58,6 +60,8 @@ __all__ = [
     "KINDS",
     "TIME_SCALE_ENV",
     "EngineEnvironment",
+    "FaultProxy",
+    "Faults",
     "Kind",
     "NotReady",
     "Process",

@@ -18,7 +18,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import redis
@@ -69,12 +68,7 @@ class RedisClusterServers:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self.stop()
 
     def start(self) -> None:
@@ -247,6 +241,15 @@ class RedisClusterServers:
         """Start a killed node again from its directory: it rejoins as a replica."""
         self._spawn(node)
         self._wait_ping(node)
+
+    def heal(self) -> None:
+        """Restart every node a test killed and left dead (a test that failed before its
+        own ``restart``), then wait for the cluster to be ok: the next test starts whole."""
+        dead = [node for node in self.nodes if node.process is None]
+        for node in dead:
+            self.restart(node)
+        if dead:
+            self.wait_ok()
 
     def stop(self) -> None:
         for node in self.nodes:

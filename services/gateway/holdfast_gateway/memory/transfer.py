@@ -23,7 +23,7 @@ returns.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar, get_args
@@ -157,88 +157,26 @@ LINE_ADAPTER: TypeAdapter[AnyLine] = TypeAdapter(Annotated[AnyLine, Field(discri
 # -- export ------------------------------------------------------------------------
 
 
-def _fact_line(row: Fact) -> FactLine:
-    return FactLine.model_construct(
-        kind="fact",
-        tenant_id=row.tenant_id,
-        user_id=row.user_id,
-        id=row.id,
-        text=row.text,
-        key=row.key,
-        confidence=row.confidence,
-        sources=list(row.sources),
-        valid_from=row.valid_from,
-        valid_to=row.valid_to,
-        superseded_by=row.superseded_by,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
+def _line(line: type[Line], row: Any, **columns: str) -> Line:
+    """``row`` as a ``line``: each field from the column of its name (or the one
+    ``columns`` names), lists copied off the row."""
+    values: dict[str, Any] = {}
+    for name in line.model_fields:
+        if name != "kind":
+            value = getattr(row, columns.get(name, name))
+            values[name] = list(value) if isinstance(value, list) else value
+    (kind,) = get_args(line.model_fields["kind"].annotation)
+    return line.model_construct(kind=kind, **values)
 
 
-def _episode_line(row: Episode) -> EpisodeLine:
-    return EpisodeLine.model_construct(
-        kind="episode",
-        tenant_id=row.tenant_id,
-        user_id=row.user_id,
-        id=row.id,
-        task_id=row.task_id,
-        trajectory_id=row.trajectory_id,
-        text=row.text,
-        outcome=row.outcome,
-        participants=list(row.participants),
-        occurred_at=row.occurred_at,
-        created_at=row.created_at,
-    )
-
-
-def _entity_line(row: Entity) -> EntityLine:
-    return EntityLine.model_construct(
-        kind="entity",
-        tenant_id=row.tenant_id,
-        user_id=row.user_id,
-        id=row.id,
-        name=row.name,
-        entity_kind=row.kind,  # type: ignore[arg-type]  # one of ENTITY_KINDS (store.py)
-        description=row.description,
-        evidence=list(row.evidence),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def _relation_line(row: Relation) -> RelationLine:
-    return RelationLine.model_construct(
-        kind="relation",
-        tenant_id=row.tenant_id,
-        user_id=row.user_id,
-        id=row.id,
-        source_id=row.source_id,
-        relation=row.relation,
-        target_id=row.target_id,
-        evidence=list(row.evidence),
-        created_at=row.created_at,
-    )
-
-
-def _soul_line(row: SoulVersion) -> SoulLine:
-    return SoulLine.model_construct(
-        kind="soul",
-        tenant_id=row.tenant_id,
-        user_id=row.user_id,
-        version=row.version,
-        content=row.content,
-        source=row.source,
-        trajectory_id=row.trajectory_id,
-        created_at=row.created_at,
-    )
-
-
-_EXPORTED: tuple[tuple[Any, Any, Callable[[Any], Line]], ...] = (
-    (Fact, (Fact.created_at, Fact.id), _fact_line),
-    (Episode, (Episode.created_at, Episode.id), _episode_line),
-    (Entity, (Entity.created_at, Entity.id), _entity_line),
-    (Relation, (Relation.created_at, Relation.id), _relation_line),
-    (SoulVersion, (SoulVersion.version,), _soul_line),
+# (model, export order, its line, the columns of fields named otherwise)
+_EXPORTED: tuple[tuple[Any, Any, type[Line], dict[str, str]], ...] = (
+    (Fact, (Fact.created_at, Fact.id), FactLine, {}),
+    (Episode, (Episode.created_at, Episode.id), EpisodeLine, {}),
+    # The entity's own kind is its line's ``entity_kind`` (``kind`` is the line's).
+    (Entity, (Entity.created_at, Entity.id), EntityLine, {"entity_kind": "kind"}),
+    (Relation, (Relation.created_at, Relation.id), RelationLine, {}),
+    (SoulVersion, (SoulVersion.version,), SoulLine, {}),
 )
 
 
@@ -253,7 +191,7 @@ async def export(
     """
     await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     chunk: list[bytes] = []
-    for model, order, render in _EXPORTED:
+    for model, order, line, columns in _EXPORTED:
         statement = (
             select(model)
             .where(model.tenant_id == brain.tenant_id, model.user_id == brain.user_id)
@@ -261,7 +199,7 @@ async def export(
             .execution_options(yield_per=chunk_lines)
         )
         async for row in await session.stream_scalars(statement):
-            chunk.append(render(row).model_dump_json().encode() + b"\n")
+            chunk.append(_line(line, row, **columns).model_dump_json().encode() + b"\n")
             if len(chunk) >= chunk_lines:
                 yield b"".join(chunk)
                 chunk.clear()

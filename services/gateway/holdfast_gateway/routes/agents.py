@@ -28,6 +28,7 @@ from holdfast_shared.agents import (
     DEFAULT_AGENT,
     AgentDefinition,
     builtin_agents,
+    check_effect_key,
     check_permission_key,
     check_tool,
     custom_agents,
@@ -38,12 +39,20 @@ from holdfast_shared.agents import (
     unknown_skills,
 )
 from holdfast_shared.agents.definitions import SERVER_RULE_PATTERN
+from holdfast_shared.assets import ServerTool, agent_server_tools
 from holdfast_shared.content import Text
 from holdfast_shared.db.models import AgentRecord
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
-from holdfast_shared.tools import BUILTIN_BY_NAME, SKILL, Permission
+from holdfast_shared.tools import (
+    BUILTIN_BY_NAME,
+    DEFAULT_EFFECTS,
+    EFFECTS,
+    SKILL,
+    Effect,
+    Permission,
+)
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, update
 from sqlalchemy.dialects.postgresql import insert
@@ -79,6 +88,10 @@ Name = Annotated[str, Field(pattern=ID_PATTERN)]
 PermissionKey = Annotated[str, AfterValidator(check_permission_key)]
 """A tool of the catalogue, or ``{server}__{tool}`` / ``{server}__*`` of one of the
 agent's servers (checked against ``servers`` with the store: ``_check_references``)."""
+
+EffectKey = Annotated[str, AfterValidator(check_effect_key)]
+"""What a permission rule may name (but the loop's own tools), or ``bash:<glob>``."""
+_EFFECT_SCHEMA = {"enum": list(EFFECTS)}
 
 
 class AgentSpec(BaseModel):
@@ -138,6 +151,25 @@ class AgentSpec(BaseModel):
             },
         ),
     ] = {}
+    effects: Annotated[
+        dict[EffectKey, Effect],
+        Field(
+            description="read_only, idempotent or effectful per tool: what the engine may do "
+            "when a call's outcome is unknown (a read-only or idempotent call runs again with "
+            "the same idempotency key; an effectful one is settled by a person). By tool "
+            "(default: read_file and list_dir read_only, write_file idempotent, bash and "
+            "edit_file effectful), `bash:<glob>` for the bash commands matching a glob, "
+            "`server__tool` or `server__*` (default: from the tool's MCP annotations)",
+            json_schema_extra={
+                "properties": {name: _EFFECT_SCHEMA for name in DEFAULT_EFFECTS},
+                "patternProperties": {
+                    SERVER_RULE_PATTERN: _EFFECT_SCHEMA,
+                    "^bash:.+$": _EFFECT_SCHEMA,
+                },
+                "additionalProperties": False,
+            },
+        ),
+    ] = {}
     network: Annotated[
         bool,
         # Strict: a JSON boolean, not 0/1 or "true" (the schema says boolean).
@@ -159,6 +191,13 @@ class AgentSummary(BaseModel):
     skills: list[str]
     servers: list[str]
     permissions: dict[str, Permission]
+    effects: Annotated[
+        dict[str, Effect],
+        Field(
+            description="the effect class of each of its tools a tool-runner runs, and its "
+            "rules for others (server tools, bash command patterns)"
+        ),
+    ]
     network: bool
     builtin: bool
     # Epoch ms; None for a built-in.
@@ -178,7 +217,11 @@ def _ms(value: datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
-def _describe(agent: AgentDefinition, row: AgentRecord | None = None) -> dict[str, Any]:
+def _describe(
+    agent: AgentDefinition,
+    row: AgentRecord | None = None,
+    server_tools: list[ServerTool] | None = None,
+) -> dict[str, Any]:
     return {
         "name": agent.name,
         "description": agent.description,
@@ -188,11 +231,20 @@ def _describe(agent: AgentDefinition, row: AgentRecord | None = None) -> dict[st
         "skills": list(agent.skills),
         "servers": list(agent.servers),
         "permissions": dict(agent.permissions),
+        "effects": agent.tool_effects(server_tools or ()),
         "network": agent.network,
         "builtin": agent.builtin,
         "created_at": _ms(row.created_at) if row is not None else None,
         "updated_at": _ms(row.updated_at) if row is not None else None,
     }
+
+
+async def _described(state: StateDep, tenant: str, row: AgentRecord) -> dict[str, Any]:
+    """A custom agent as one agent's routes answer it: its servers' tools' classes too."""
+    agent = from_record(row)
+    async with state.sessions() as session:
+        server_tools = await agent_server_tools(session, tenant, agent.servers)
+    return _describe(agent, row, server_tools)
 
 
 def _builtins_in_order() -> list[AgentDefinition]:
@@ -231,11 +283,12 @@ async def _check_references(state: StateDep, tenant: str, spec: AgentSpec) -> No
     ]
     problems += [
         {
-            "loc": ["body", "permissions", key],
+            "loc": ["body", field, key],
             "msg": f"{server_of_rule(key)!r} is not one of the agent's servers",
             "type": "unknown_server",
         }
-        for key in spec.permissions
+        for field in ("permissions", "effects")
+        for key in getattr(spec, field)
         if server_of_rule(key) is not None and server_of_rule(key) not in spec.servers
     ]
     if problems:
@@ -260,6 +313,7 @@ def _values(spec: AgentSpec) -> dict[str, Any]:
         "skills": list(dict.fromkeys(spec.skills)),
         "servers": list(dict.fromkeys(spec.servers)),
         "permissions": effective_permissions(tools, spec.permissions),
+        "effects": dict(spec.effects),
         "network": spec.network,
     }
 
@@ -316,7 +370,7 @@ async def create_agent(
             f"agent {body.name!r} exists; PUT /agents/{body.name} replaces it",
             {"agent": body.name},
         )
-    return _describe(from_record(row), row)
+    return await _described(state, tenant, row)
 
 
 @router.get(
@@ -333,7 +387,7 @@ async def get_agent(state: StateDep, tenant: TenantDep, name: _NAME) -> dict[str
         row = await session.get(AgentRecord, (tenant, name))
     if row is None:
         raise agent_not_found(name)
-    return _describe(from_record(row), row)
+    return await _described(state, tenant, row)
 
 
 @router.put(
@@ -357,7 +411,7 @@ async def replace_agent(
         )
     if row is None:
         raise agent_not_found(name)
-    return _describe(from_record(row), row)
+    return await _described(state, tenant, row)
 
 
 @router.delete(

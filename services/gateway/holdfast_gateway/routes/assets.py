@@ -44,6 +44,7 @@ from holdfast_shared.assets import (
     model_name,
     tenant_servers,
 )
+from holdfast_shared.assets.catalogue import annotation_effect
 from holdfast_shared.assets.oauth import OAuthRecord
 from holdfast_shared.assets.servers import AuthType, open_oauth, seal_credentials
 from holdfast_shared.content import Text
@@ -52,6 +53,8 @@ from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import new_id
 from holdfast_shared.jobs import AssetProbe, AssetProbeResult
 from holdfast_shared.outbound import DestinationNotAllowed, OutboundPolicy
+from holdfast_shared.redisconn import blpop_within
+from holdfast_shared.tools import Effect
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -66,6 +69,7 @@ router = APIRouter(tags=["assets"])
 
 MAX_ARGS = 64
 MAX_ENV = 64
+MAX_EFFECTS = 256
 CALLBACK_PATH = "/assets/oauth/callback"
 
 _ServerName = Annotated[str, Field(pattern=SERVER_NAME_PATTERN, max_length=MAX_SERVER_NAME)]
@@ -108,6 +112,19 @@ class _NewServer(BaseModel):
         _ServerName,
         Field(description="unique among the tenant's; its tools reach the model as name__tool"),
     ]
+    effects: Annotated[
+        # No NUL: PostgreSQL refuses it in a JSONB key (a 422 here, not a 500 there).
+        dict[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")], Effect],
+        Field(
+            max_length=MAX_EFFECTS,
+            description="effect classes by the server's own tool names, over what its MCP "
+            "annotations give (readOnlyHint: read_only, idempotentHint: idempotent, else "
+            "effectful); an agent's `effects` win over these",
+            # pydantic describes the key's pattern as patternProperties, which leaves
+            # any other key free: say that there is none (Schemathesis, ST901).
+            json_schema_extra={"additionalProperties": False},
+        ),
+    ] = {}
 
 
 class HttpServer(_NewServer):
@@ -156,6 +173,14 @@ class ToolInfo(BaseModel):
     description: str
     inputSchema: dict[str, Any]  # the MCP field's name
     annotations: dict[str, Any]
+    effect: Annotated[
+        Effect,
+        Field(
+            description="what the engine may do when a call's outcome is unknown: run a "
+            "read_only or idempotent tool again (same idempotency key), have a person "
+            "settle an effectful one"
+        ),
+    ]
 
 
 class AuthInfo(BaseModel):
@@ -213,8 +238,15 @@ def _ms(value: datetime) -> int:
 
 
 def _tools(row: AssetServer) -> list[dict[str, Any]]:
+    overrides = row.effects or {}
     return [
-        {**tool, "model_name": model_name(row.name, str(tool.get("name")))} for tool in row.tools
+        {
+            **tool,
+            "model_name": model_name(row.name, str(tool.get("name"))),
+            "effect": overrides.get(str(tool.get("name")))
+            or annotation_effect(tool.get("annotations") or {}),
+        }
+        for tool in row.tools
     ]
 
 
@@ -270,6 +302,10 @@ def _unavailable(body: HttpServer | StdioServer, result: AssetProbeResult) -> Ap
     details: dict[str, Any] = {"server": body.name, "errors": [problem]}
     if result.needs_authorization:
         details["needs_authorization"] = True
+    if result.stderr:
+        # Why a stdio server did not start (a missing module, a path the sandbox
+        # hides): the last 4 KiB it wrote to stderr, redacted of its secrets.
+        details["stderr"] = result.stderr
     return ApiError(422, ErrorCode.ASSET_UNAVAILABLE, message, details)
 
 
@@ -294,7 +330,7 @@ async def _probe(state: GatewayState, tenant: str, name: str) -> AssetProbeResul
     probe = AssetProbe(tenant_id=tenant, server=name, reply_to=reply)
     await state.redis.xadd(state.keys.tools, probe.to_fields())
     wait = int(state.settings.asset_connect_timeout_seconds) + 15
-    got: list[str] | None = await state.redis.blpop([reply], timeout=wait)  # type: ignore[misc]
+    got = await blpop_within(state.redis, [reply], wait)
     if got is None:
         return AssetProbeResult(error=f"no tool-runner answered within {wait} s", no_runner=True)
     return AssetProbeResult.model_validate_json(got[1])
@@ -361,6 +397,7 @@ async def register_server(
                 auth_type=auth.type,
                 credentials=credentials,
                 status=NEEDS_AUTHORIZATION if oauth else READY,
+                effects=dict(body.effects),
             )
             .on_conflict_do_nothing()
             .returning(AssetServer.name)

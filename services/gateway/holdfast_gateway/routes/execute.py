@@ -6,32 +6,36 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Header
 from holdfast_shared.agents import AgentDefinition, model_for
 from holdfast_shared.content import (
     MAX_MEDIA_ITEMS,
     MediaItem,
+    StorableObject,
     Text,
     as_stored,
     check_media_total,
 )
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.ids import ID_PATTERN
-from holdfast_shared.liveness import available_providers, default_models
+from holdfast_shared.liveness import available_providers, default_models, unavailable_models
 from holdfast_shared.media_support import first_unsupported, unsupported_media
 from holdfast_shared.memory.brain import USER_ID_PATTERN
 from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
 from holdfast_shared.turnqueue import BusyMode
+from holdfast_shared.webhooks import WebhookSpec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from holdfast_gateway import busy, errors
+from holdfast_gateway import busy, errors, executekeys
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.forks import ForkRequest, invalid_field
 from holdfast_gateway.openapi import SSE_CONTENT
+from holdfast_gateway.outputschema import DESCRIPTION, checked
 from holdfast_gateway.sse import event_frames, frame, sse_response
 from holdfast_gateway.sseresponse import SseResponse
 from holdfast_gateway.turns import start_turn
+from holdfast_gateway.webhooks import accepted
 
 router = APIRouter(tags=["execute"])
 
@@ -59,6 +63,8 @@ _FORK_RULES: dict[str, Any] = {
                 "properties": {"task_id": {"type": "string"}, "on_busy": {"const": "reject"}},
             },
         },
+        # A queued message takes no output_schema (see execute()).
+        {"if": _present("output_schema"), "then": {"properties": {"on_busy": {"const": "reject"}}}},
         {
             "if": _present("retry_message_id"),
             "then": {
@@ -136,6 +142,14 @@ class ExecuteRequest(BaseModel):
         ),
     ] = None
 
+    webhook: WebhookSpec | None = Field(
+        default=None,
+        description="POST the turn's end and questions there, signed (README, Completion "
+        "webhooks); default: the tenant's (PUT /webhooks/default)",
+    )
+
+    output_schema: StorableObject | None = Field(default=None, description=DESCRIPTION)
+
     on_busy: BusyMode = Field(
         default="reject",
         description="when the task's turn is still running: `reject` (409), `enqueue` (run "
@@ -167,24 +181,17 @@ class ExecuteRequest(BaseModel):
         return value
 
 
+def _task_link(operation: str, where: str = "parameters") -> dict[str, Any]:
+    """An OpenAPI link: ``operation`` with the response's X-Task-Id as its ``task_id``."""
+    return {"operationId": operation, where: {"task_id": "$response.header.X-Task-Id"}}
+
+
 # What a client can do next with the task the response names (X-Task-Id).
 _TASK_LINKS = {
-    "ReplayTask": {
-        "operationId": "replay",
-        "parameters": {"task_id": "$response.header.X-Task-Id"},
-    },
-    "CancelTurn": {
-        "operationId": "cancel",
-        "requestBody": {"task_id": "$response.header.X-Task-Id"},
-    },
-    "PendingQuestions": {
-        "operationId": "pending",
-        "parameters": {"task_id": "$response.header.X-Task-Id"},
-    },
-    "DeleteTask": {
-        "operationId": "delete_task",
-        "parameters": {"task_id": "$response.header.X-Task-Id"},
-    },
+    "ReplayTask": _task_link("replay"),
+    "CancelTurn": _task_link("cancel", "requestBody"),
+    "PendingQuestions": _task_link("pending"),
+    "DeleteTask": _task_link("delete_task"),
 }
 _TURN_HEADERS = {
     "X-Task-Id": {"description": "the task's id", "schema": {"type": "string"}, "required": True},
@@ -200,6 +207,35 @@ _TURN_HEADERS = {
         "schema": {"type": "string", "enum": ["no", "enqueue", "interrupt", "steer"]},
     },
 }
+
+
+def _options(
+    request: ExecuteRequest,
+    webhook: dict[str, Any] | None,
+    claim: executekeys.Recorder | None,
+) -> busy.TurnOptions:
+    return busy.TurnOptions(
+        task_id=request.task_id,
+        agent=request.agent,
+        model=request.model,
+        media=as_stored(request.media),
+        user_id=request.user_id or "",
+        webhook=webhook,
+        claim=claim,
+    )
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias=executekeys.HEADER,
+        pattern=executekeys.PATTERN,
+        description="one per message (a UUID does): a request sent again with it, its "
+        "response lost, streams the turn the first one started (`Idempotent-Replayed: "
+        "true`) instead of running the message twice; with another request it is 422 "
+        "`IDEMPOTENCY_KEY_REUSED`. See README, Sending a message again",
+    ),
+]
 
 
 @router.post(
@@ -218,39 +254,58 @@ _TURN_HEADERS = {
     summary="Send a message to a task and stream the turn as Server-Sent Events",
 )
 async def execute(
-    state: StateDep, tenant: TenantDep, request: Annotated[ExecuteRequest, Body()]
+    state: StateDep,
+    tenant: TenantDep,
+    request: Annotated[ExecuteRequest, Body()],
+    idempotency_key: IdempotencyKey = None,
+) -> SseResponse:
+    if idempotency_key is None:
+        return await _execute(state, tenant, request, None)
+    printed = executekeys.fingerprint(request)
+    if (turn := await executekeys.earlier(state, tenant, idempotency_key, printed)) is not None:
+        return executekeys.replay(state, turn)
+    claim = executekeys.recorder(state, tenant, idempotency_key, printed)
+    try:
+        return await _execute(state, tenant, request, claim)
+    except executekeys.KeyTaken:
+        # A request with the key committed first (the two raced): follow its turn.
+        turn = await executekeys.earlier(state, tenant, idempotency_key, printed)
+        if turn is None:  # its turn is gone already (taken back, its task deleted)
+            raise
+        return executekeys.replay(state, turn)
+
+
+async def _execute(
+    state: StateDep,
+    tenant: str,
+    request: ExecuteRequest,
+    claim: executekeys.Recorder | None,
 ) -> SseResponse:
     fork = _fork_request(request)
     # An unknown agent (or another tenant's) is a 404 before anything is written.
     agent = await require_agent(state, tenant, request.agent)
     if request.model is not None:
         await _require_provider(state, request.model)
+    await _require_available(state, request, agent)
     if request.media:
         await _require_media_support(state, request, agent)
+    webhook = await accepted(state, tenant, request.webhook, ("body", "webhook"))
+    output_schema = checked(request.output_schema)
     if request.on_busy != "reject":
         if fork is not None or request.message is None:
             raise invalid_field("on_busy", 'an edit or a retry takes on_busy "reject" only')
+        if output_schema is not None:
+            raise invalid_field("on_busy", 'a turn with an output_schema takes on_busy "reject"')
         return await busy.respond(
-            state,
-            tenant,
-            request.on_busy,
-            message=request.message,
-            task_id=request.task_id,
-            agent=request.agent,
-            model=request.model,
-            media=as_stored(request.media),
-            user_id=request.user_id or "",
+            state, tenant, request.on_busy, request.message, **_options(request, webhook, claim)
         )
     turn = await start_turn(
         state,
         tenant,
         message=request.message,
-        task_id=request.task_id,
-        agent=request.agent,
-        model=request.model,
-        media=as_stored(request.media),
-        user_id=request.user_id or "",
         fork=fork,
+        output_schema=output_schema,
+        **_options(request, webhook, claim),
     )
 
     async def frames() -> AsyncIterator[str]:
@@ -306,15 +361,14 @@ async def _require_provider(state: StateDep, model: str) -> None:
         )
 
 
-async def _require_media_support(
+async def _turn_models(
     state: StateDep, request: ExecuteRequest, agent: AgentDefinition
-) -> None:
-    """422 naming the type when the turn's model cannot take one of the media.
+) -> set[str]:
+    """The model the turn will run: the one a worker will pick.
 
-    The turn's model is the one a worker will pick: the request's, else the
-    operator's for the agent (``HOLDFAST_AGENT_MODELS``), else the agent's
-    preferred one when a worker serves its provider, else the workers'
-    default, as they advertise it (every live worker's, should they differ).
+    The request's, else the operator's for the agent (``HOLDFAST_AGENT_MODELS``),
+    else the agent's preferred one when a worker serves its provider, else the
+    workers' default, as they advertise it (every live worker's, should they differ).
     """
     spec = model_for(
         agent,
@@ -323,11 +377,37 @@ async def _require_media_support(
         served=await available_providers(state.redis, state.keys),
     )
     if spec:
-        specs = {spec}
-    else:
-        specs = await default_models(state.redis, state.keys)
-        if not specs and state.settings.model:
-            specs = {state.settings.model}
+        return {spec}
+    specs = await default_models(state.redis, state.keys)
+    if not specs and state.settings.model:
+        specs = {state.settings.model}
+    return specs
+
+
+async def _require_available(
+    state: StateDep, request: ExecuteRequest, agent: AgentDefinition
+) -> None:
+    """422 ``MODEL_UNAVAILABLE`` when a worker said the turn's model cannot run
+    there (its context window is too small: ``liveness.unavailable_models``)."""
+    unavailable = await unavailable_models(state.redis, state.keys)
+    if not unavailable:
+        return
+    for candidate in sorted(await _turn_models(state, request, agent)):
+        try:
+            spelled = str(parse_model_spec(candidate))
+        except ValueError:
+            continue
+        why = unavailable.get(spelled)
+        if why is not None:
+            raise ApiError(422, ErrorCode.MODEL_UNAVAILABLE, why, {"model": spelled})
+
+
+async def _require_media_support(
+    state: StateDep, request: ExecuteRequest, agent: AgentDefinition
+) -> None:
+    """422 naming the type when the turn's model (:func:`_turn_models`) cannot
+    take one of the media."""
+    specs = await _turn_models(state, request, agent)
     items = as_stored(request.media)
     for candidate in sorted(specs):
         try:

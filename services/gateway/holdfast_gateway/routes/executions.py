@@ -57,10 +57,12 @@ from holdfast_gateway import errors
 from holdfast_gateway.cancelling import request_cancel
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
 from holdfast_gateway.errors import ApiError
+from holdfast_gateway.outputschema import checked
 from holdfast_gateway.routes import tasks
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.tasks import TaskRef
 from holdfast_gateway.turns import start_turn
+from holdfast_gateway.webhooks import accepted
 
 router = APIRouter(prefix="/v1/execution", tags=["executions"])
 
@@ -92,7 +94,8 @@ async def _require(state: GatewayState, tenant: str, execution_id: str) -> Execu
 async def _wire(state: GatewayState, row: Execution) -> ExecutionOut:
     async with state.sessions() as session:
         checkpoints = await store.checkpoints_of(session, [row.id])
-    return store.to_wire(row, checkpoints[row.id], datetime.now(UTC))
+        results = await store.results_of(session, [row])
+    return store.to_wire(row, checkpoints[row.id], datetime.now(UTC), results.get(row.id))
 
 
 async def _reread(state: GatewayState, execution_id: str) -> ExecutionOut:
@@ -101,7 +104,8 @@ async def _reread(state: GatewayState, execution_id: str) -> ExecutionOut:
         if row is None:
             raise _not_found(execution_id)
         checkpoints = await store.checkpoints_of(session, [row.id])
-    return store.to_wire(row, checkpoints[row.id], datetime.now(UTC))
+        results = await store.results_of(session, [row])
+    return store.to_wire(row, checkpoints[row.id], datetime.now(UTC), results.get(row.id))
 
 
 # What a client can do next with the execution it created; the fuzzer's stateful
@@ -133,6 +137,8 @@ async def create_execution(
 ) -> ExecutionOut:
     # An unknown agent (or another tenant's) is a 404 before anything is written.
     await require_agent(state, tenant, body.agent_id)
+    webhook = await accepted(state, tenant, body.webhook, ("body", "webhook"))
+    output_schema = checked(body.output_schema)
     execution_id = new_id("exec")
     now = datetime.now(UTC)
 
@@ -166,6 +172,8 @@ async def create_execution(
         model=None,
         media=[],
         also=write_execution,
+        webhook=webhook,
+        output_schema=output_schema,
     )
     return await _reread(state, execution_id)
 
@@ -234,9 +242,10 @@ async def list_executions(
         more = len(rows) > limit
         rows = rows[:limit]
         checkpoints = await store.checkpoints_of(session, [r.id for r in rows])
+        results = await store.results_of(session, rows)
     now = datetime.now(UTC)
     return ExecutionPage(
-        executions=[store.to_wire(r, checkpoints[r.id], now) for r in rows],
+        executions=[store.to_wire(r, checkpoints[r.id], now, results.get(r.id)) for r in rows],
         next_cursor=_encode_cursor(rows[-1]) if more and rows else None,
     )
 
@@ -389,6 +398,10 @@ async def resume_execution(
                 f"execution {execution_id!r} is no longer paused",
                 {"execution_id": execution_id},
             )
+        # Withdrawn while the update holds the execution's row: a worker parking
+        # the turn reads the request under that lock (store.lock_for_pause), so
+        # it either parked before this resume or finds the pause gone.
+        await state.redis.delete(state.keys.pause(row.task_id))
     try:
         if checkpoint is not None:
             await roll_back(
@@ -402,7 +415,6 @@ async def resume_execution(
                 snapshot_ttl=_snapshot_ttl(state),
                 workspace_timeout=_WORKSPACE_TIMEOUT_SECONDS,
             )
-        await state.redis.delete(state.keys.pause(row.task_id))
         async with state.sessions.begin() as session:
             # Claimable again (and requeued by recovery should the job be lost).
             await store.claimable_again(session, turn_id, from_statuses=("paused", "parked"))

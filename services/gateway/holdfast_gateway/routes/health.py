@@ -17,8 +17,14 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from holdfast_shared.liveness import live_runners
+from holdfast_shared.liveness import (
+    available_providers,
+    default_models,
+    live_runners,
+    unavailable_models,
+)
 from holdfast_shared.memory import vectors
+from holdfast_shared.modelspec import parse_model_spec
 from pydantic import BaseModel
 from sqlalchemy import text
 
@@ -45,8 +51,36 @@ class Health(BaseModel):
     uptime_seconds: float | None = None
     # redis, postgres: {"status": "ok"|"error", "latency_ms"|"error"}; fanout;
     # tool_runners: each live runner's sandbox; memory: how memories are searched
-    # (full text, plus pgvector similarity where installed).
+    # (full text, plus pgvector similarity where installed); models: the live
+    # loop-workers' default provider:model (a turn that names none gets it),
+    # the providers they serve and, where a worker cannot serve a model (its
+    # context window too small), "unavailable": {provider:model: why} (and the
+    # status is degraded: turns for it are refused).
     subsystems: dict[str, Any] | None = None
+
+
+async def _models(state: Any) -> dict[str, Any]:
+    # `holdfast chat` names the model in its header from this, before any turn runs.
+    default, providers, unavailable = await asyncio.gather(
+        default_models(state.redis, state.keys),
+        available_providers(state.redis, state.keys),
+        unavailable_models(state.redis, state.keys),
+    )
+    found: dict[str, Any] = {
+        "default": sorted({_spelled(spec) for spec in default}),
+        "providers": sorted(providers),
+    }
+    if unavailable:
+        found["unavailable"] = unavailable
+    return found
+
+
+def _spelled(spec: str) -> str:
+    """``provider:model`` as a turn's usage event names it (a worker may say ``scripted``)."""
+    try:
+        return str(parse_model_spec(spec))
+    except ValueError:
+        return spec
 
 
 async def _memory(state: Any) -> dict[str, Any]:
@@ -99,8 +133,12 @@ async def health(request: Request, state: StateDep) -> JSONResponse:
             subsystems["tool_runners"] = await asyncio.wait_for(
                 live_runners(state.redis, state.keys), _PROBE_TIMEOUT
             )
+        with contextlib.suppress(Exception):
+            subsystems["models"] = await asyncio.wait_for(_models(state), _PROBE_TIMEOUT)
+    # A model no worker can serve degrades the engine, not the gateway: still 200.
+    models_ok = not subsystems.get("models", {}).get("unavailable")
     body = {
-        "status": "ok" if ok else "degraded",
+        "status": "ok" if ok and models_ok else "degraded",
         "uptime_seconds": round(time.monotonic() - state.started_at, 3),
         "subsystems": subsystems,
     }

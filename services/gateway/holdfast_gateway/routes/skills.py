@@ -16,17 +16,21 @@ a path that is absolute, climbs out with ``..``, or an archive entry that is
 a link, a device, encrypted or not deflate is 422 ``INVALID_REQUEST``
 naming the entry (``details.errors[].loc``); more than
 ``MAX_FILES`` files, a file over ``MAX_FILE_BYTES`` or all over
-``MAX_TOTAL_BYTES`` — counted while decompressing — is 413
+``HOLDFAST_SKILL_MAX_BYTES`` — counted while decompressing — is 413
 ``SKILL_TOO_LARGE``; a body over ``HOLDFAST_MAX_BODY_BYTES`` is 413
 ``BODY_TOO_LARGE`` before it is read whole. An agent's ``skills`` name
 skills of this list (``/agents``); a skill deleted while an agent names it
-is left out of that agent's turns.
+is left out of that agent's turns. A description longer than the format's
+1024 characters is accepted cut to them (what the model sees), and the 201
+says so in ``warnings``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.message
+import functools
+import logging
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -53,8 +57,11 @@ from holdfast_gateway.errors import ApiError
 from holdfast_gateway.storagequota import check_storage
 
 router = APIRouter(tags=["skills"])
+log = logging.getLogger(__name__)
 
 ZIP_TYPES = ("application/zip", "application/x-zip-compressed")
+# A description sent as JSON is cut to MAX_DESCRIPTION_CHARS; past this it is refused.
+_MAX_SENT_DESCRIPTION_CHARS = 16 * 1024
 
 
 def _encodable(value: str) -> str:
@@ -88,9 +95,9 @@ class NewSkill(BaseModel):
         Text,
         Field(
             min_length=1,
-            max_length=MAX_DESCRIPTION_CHARS,
+            max_length=_MAX_SENT_DESCRIPTION_CHARS,
             description="what the skill does and when to use it: the model sees it in "
-            "its system prompt",
+            f"its system prompt, cut to {MAX_DESCRIPTION_CHARS} characters (with a warning)",
         ),
     ]
     body: Annotated[
@@ -134,6 +141,9 @@ class SkillSummaryOut(BaseModel):
 
 class SkillOut(SkillSummaryOut):
     body: str
+    # On the 201 of POST: what was changed to make the skill fit (a description
+    # cut to what the model sees).
+    warnings: list[str] = []
 
 
 class SkillList(BaseModel):
@@ -183,18 +193,20 @@ def _media_type(request: Request) -> str | None:
     return parsed.get_content_type()
 
 
-async def _from_zip(request: Request) -> skills.Skill:
+async def _from_zip(request: Request, max_bytes: int) -> skills.Skill:
     data = await request.body()
     try:
         # Decompressing up to a few MiB: off the event loop.
-        return await asyncio.to_thread(skillupload.read_archive, data)
+        return await asyncio.to_thread(
+            functools.partial(skillupload.read_archive, data, max_total_bytes=max_bytes)
+        )
     except SkillInvalid as exc:
         raise _invalid(exc, ()) from None
     except SkillTooLarge as exc:
         raise _too_large(exc) from None
 
 
-async def _from_json(request: Request) -> skills.Skill:
+async def _from_json(request: Request, max_bytes: int) -> skills.Skill:
     data = await request.body()
     try:
         body = NewSkill.model_validate_json(data)
@@ -204,7 +216,9 @@ async def _from_json(request: Request) -> skills.Skill:
         ) from None
     files = {path: text.encode() for path, text in body.files.items()}
     try:
-        return skills.new_skill(body.name, body.description, body.body, files)
+        return skills.new_skill(
+            body.name, body.description, body.body, files, max_total_bytes=max_bytes
+        )
     except SkillInvalid as exc:
         field = () if exc.entry in ("name", "description", "body") else ("files",)
         raise _invalid(exc, field) from None
@@ -249,10 +263,11 @@ async def list_skills(state: StateDep, tenant: TenantDep) -> dict[str, Any]:
 )
 async def create_skill(request: Request, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
     media_type = _media_type(request)
+    max_bytes = state.settings.skill_max_bytes
     if media_type in ZIP_TYPES:
-        skill = await _from_zip(request)
+        skill = await _from_zip(request, max_bytes)
     elif media_type == "application/json" or (media_type or "").endswith("+json"):
-        skill = await _from_json(request)
+        skill = await _from_json(request, max_bytes)
     else:
         raise ApiError(
             415,
@@ -277,7 +292,9 @@ async def create_skill(request: Request, state: StateDep, tenant: TenantDep) -> 
             f"skill {skill.name!r} exists; DELETE /skills/{skill.name} first to replace it",
             {"skill": skill.name},
         )
-    return {**_describe(created), "body": skill.body}
+    for warning in skill.warnings:
+        log.warning("skill %s of tenant %s: %s", skill.name, tenant, warning)
+    return {**_describe(created), "body": skill.body, "warnings": list(skill.warnings)}
 
 
 @router.get(

@@ -67,8 +67,7 @@ async def delete_task(
             raise ApiError(
                 409,
                 ErrorCode.TURN_IN_PROGRESS,
-                f"task {task.name!r} has {waiting} messages waiting to run; "
-                "wait for them to end",
+                f"task {task.name!r} has {waiting} messages waiting to run; wait for them to end",
                 {"task_id": task.name, "queued": waiting},
             )
         # turns and messages go with the task (ON DELETE CASCADE); the rest is
@@ -195,6 +194,13 @@ class TaskUsage(BaseModel):
     active_seconds: float
 
 
+class LastResult(BaseModel):
+    turn_id: str
+    # The validated answer (any JSON value the turn's output_schema allows).
+    result: Any
+    finished_at: datetime | None
+
+
 class TaskState(BaseModel):
     task_id: str
     status: TaskStatus
@@ -208,6 +214,8 @@ class TaskState(BaseModel):
     pending_hitl: dict[str, Any] | None
     last_seq: int | None
     last_event_at: int | None
+    # The latest structured result (a turn with output_schema that completed).
+    last_result: LastResult | None = None
 
 
 @router.get(
@@ -219,6 +227,7 @@ async def get_task(state: StateDep, tenant: TenantDep, task_id: TaskPath) -> Tas
     async with state.sessions() as session:
         detail = await taskstatus.task_detail(session, task.id)
         last = await taskstatus.last_event(state.eventlog, session, task.id)
+        result = await taskstatus.last_result(session, task.id)
     if detail is None:  # deleted meanwhile
         raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
     return TaskState(
@@ -238,6 +247,7 @@ async def get_task(state: StateDep, tenant: TenantDep, task_id: TaskPath) -> Tas
         pending_hitl=detail.pending_hitl,
         last_seq=last.seq if last else None,
         last_event_at=last.timestamp if last else None,
+        last_result=None if result is None else LastResult(**result),
     )
 
 

@@ -35,6 +35,7 @@ from holdfast_shared.providers.base import ModelRequest
 from holdfast_shared.tools import ToolSpec
 
 from holdfast_loop_worker.context import tokens
+from holdfast_loop_worker.context.tool_media import with_tool_media
 from holdfast_loop_worker.context.working_memory import render as render_working_memory
 
 SUMMARY_HEADING = (
@@ -170,7 +171,8 @@ def assemble(
 ) -> Assembled:
     """The request for one model call of ``provider``'s ``model``, and its size."""
     view = [
-        fit_tool_results(m, tool_result_chars)
+        # A tool's images and audio go as media before the result is cut to size.
+        fit_tool_results(with_tool_media(m, provider=provider, model=model), tool_result_chars)
         for m in for_provider(visible(sections.history, sections.summary), provider)
     ]
     soul = render_soul(sections.soul, sections.summary)

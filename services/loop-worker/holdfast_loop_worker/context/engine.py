@@ -6,7 +6,14 @@ messages and its latest summary, the soul and the memories relevant to the
 turn's message, assembles the sections (``assembly.py``) and, when the
 estimate passes the threshold, compacts first (``compaction.py``) and
 announces it with ``compaction_event``. The turn calls ``prepare`` again with
-``harder=True`` when a provider still answers that the context is too long.
+``harder=True`` when a provider still answers that the context is too long,
+with the overflow (``budget.Overflow``): the window it implies is kept for
+the model, so the task's later calls fit it from the start.
+
+On a small window the fixed sections are trimmed first (``budget.trim``) and
+each call's ``max_tokens`` is what the window leaves after the prompt, at most
+the agent's or model's setting (``HOLDFAST_AGENT_MAX_OUTPUT_TOKENS``,
+``HOLDFAST_MODEL_MAX_OUTPUT_TOKENS``, ``HOLDFAST_MAX_OUTPUT_TOKENS``).
 
 It also keeps the task's working memory for the turn: loaded when a turn
 starts (Redis, else what the last turn left in PostgreSQL), re-published
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holdfast_shared.conversation import load_history
@@ -29,7 +36,7 @@ from holdfast_shared.tools import ToolSpec
 from holdfast_shared.working_memory import stored_working_memory
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast_loop_worker.context import compaction, tokens
+from holdfast_loop_worker.context import budget, compaction, tokens
 from holdfast_loop_worker.context.assembly import (
     Assembled,
     Sections,
@@ -59,7 +66,22 @@ class ContextSettings:
     threshold: float  # HOLDFAST_COMPACTION_THRESHOLD
     compaction_model: str | None  # HOLDFAST_COMPACTION_MODEL; None: the turn's model
     tool_result_chars: int  # HOLDFAST_TOOL_RESULT_CONTEXT_CHARS
-    max_output_tokens: int = 4096
+    max_output_tokens: int = 4096  # HOLDFAST_MAX_OUTPUT_TOKENS
+    # HOLDFAST_MODEL_MAX_OUTPUT_TOKENS ("provider:model" or "model") and
+    # HOLDFAST_AGENT_MAX_OUTPUT_TOKENS, over max_output_tokens.
+    model_max_output_tokens: Mapping[str, int] = field(default_factory=dict)
+    agent_max_output_tokens: Mapping[str, int] = field(default_factory=dict)
+
+    def output_limit(self, agent: str, provider: str, model: str) -> int:
+        """The longest answer a call of ``agent`` on ``provider:model`` asks for."""
+        for found in (
+            self.agent_max_output_tokens.get(agent),
+            self.model_max_output_tokens.get(f"{provider}:{model}"),
+            self.model_max_output_tokens.get(model),
+        ):
+            if found is not None:
+                return found
+        return self.max_output_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,25 +96,22 @@ class TurnScope:
     position: int
     # The end user whose brain the turn reads ("" is the tenant's).
     user_id: str = ""
+    # The turn's agent (its output limit may be its own).
+    agent: str = ""
 
     @property
     def brain(self) -> Brain:
         return Brain(self.tenant_id, self.user_id)
 
 
-def check_fits(
+def unfit(
     settings: ContextSettings, model: str, system_prompt: str, tools: Sequence[ToolSpec]
-) -> None:
-    """Refuse (ValueError) a window that cannot hold even the fixed sections:
-    a worker with such settings stops at start instead of failing every turn."""
-    fixed = tokens.text_tokens(system_prompt) + tokens.tools_tokens(tools)
+) -> str | None:
+    """Why ``model``'s window cannot hold even the trimmed fixed sections and a
+    conversation, or None: a worker makes such a model unavailable (the
+    gateway refuses it) instead of failing every turn."""
     window = tokens.context_window(model, settings.window)
-    if fixed + settings.max_output_tokens // 4 >= window * settings.threshold:
-        raise ValueError(
-            f"the context window of {model} ({window} tokens) is too small: the system "
-            f"prompt and tool definitions alone take ~{fixed} tokens, over "
-            f"HOLDFAST_COMPACTION_THRESHOLD ({settings.threshold}) of it"
-        )
+    return budget.unfit_reason(model, window, settings.threshold, system_prompt, tools)
 
 
 class ContextEngine:
@@ -113,9 +132,34 @@ class ContextEngine:
         self.working = working
         self.summaries = Summaries(sessions)
         self.settings = settings
+        # Windows learned from providers' overflows, by model: smaller than
+        # the configured or known one.
+        self.learned_windows: dict[str, int] = {}
 
     def window(self, model: str) -> int:
-        return tokens.context_window(model, self.settings.window)
+        known = tokens.context_window(model, self.settings.window)
+        return min(known, self.learned_windows.get(model, known))
+
+    def learn(self, model: str, overflow: budget.Overflow) -> None:
+        """Keep the window ``overflow`` implies for ``model``."""
+        window = budget.learned_window(overflow, self.window(model))
+        self._assume(
+            model, window, f"a prompt of ~{overflow.prompt_tokens} tokens overflowed its window"
+        )
+
+    def learn_filled(self, model: str, tokens: int) -> None:
+        """Keep ``tokens`` as ``model``'s window: a call's prompt and output
+        filled it (the server stopped the answer there, short of its limit)."""
+        self._assume(
+            model,
+            max(budget.MIN_WINDOW, tokens),
+            f"an answer was stopped at ~{tokens} tokens of prompt and output",
+        )
+
+    def _assume(self, model: str, window: int, why: str) -> None:
+        if window < self.window(model):
+            log.warning("%s: %s: assuming a window of %d tokens", model, why, window)
+            self.learned_windows[model] = window
 
     # -- a turn's working memory -----------------------------------------------
     async def begin_turn(
@@ -141,7 +185,7 @@ class ContextEngine:
             live = stored_working_memory(stored)
             await self.working.replace(task_id, live)
         state.working_memory = live or {}
-        state.calibration = calibration or 1.0
+        state.calibration = tokens.sane_calibration(calibration)
 
     async def working_memory_call(
         self, task_id: str, state: TurnState, tool_input: Mapping[str, Any], emit: Emit
@@ -174,13 +218,28 @@ class ContextEngine:
         tools: Sequence[ToolSpec],
         emit: Emit,
         harder: bool = False,
+        brief_system_prompt: str | None = None,
+        overflow: budget.Overflow | None = None,
     ) -> Assembled:
         """The request for the turn's next model call, compacted first when it
-        would pass the threshold (or, ``harder``, in any case and further)."""
-        sections = await self._sections(scope, state, system_prompt, tools)
-        summary = sections.summary
-        assembled = self._assemble(sections, choice, scope)
+        would pass the threshold (or, ``harder``, in any case and further).
+        ``brief_system_prompt`` (skills by name only) replaces the system
+        prompt when the window is too small for it; ``overflow``: the last
+        attempt's, whose window is learned (and ``harder`` implied)."""
+        if overflow is not None:
+            self.learn(choice.model, overflow)
+            harder = True
         window = self.window(choice.model)
+        sections = await self._sections(scope, state, system_prompt, tools)
+        fixed_budget = budget.fixed_budget(window, self.settings.threshold)
+        if tokens.calibrated(budget.fixed_tokens(sections), state.calibration) > fixed_budget:
+            sections = budget.trim(
+                sections,
+                int(fixed_budget / max(state.calibration, 0.25)),
+                brief_system_prompt,
+            )
+        summary = sections.summary
+        assembled = self._assemble(sections, choice, scope, state)
         limit = window * self.settings.threshold
         before = tokens.calibrated(assembled.tokens, state.calibration)
         if before <= limit and not harder:
@@ -206,7 +265,7 @@ class ContextEngine:
         found = await self.summaries.find(scope.task_id, cut.last_message_id)
         if found is not None:
             # Made before this worker took the turn over: one summary per range.
-            return self._assemble(replace(sections, summary=found), choice, scope)
+            return self._assemble(replace(sections, summary=found), choice, scope, state)
         made = await self._summarize(state, choice, cut, summary, window, summary_budget)
         return await self._store_compacted(scope, state, choice, sections, cut, made, before, emit)
 
@@ -248,7 +307,7 @@ class ContextEngine:
     ) -> Assembled:
         """The request with the new summary, stored (unless another worker's got
         there first: then with that one); a ``compaction`` event says so."""
-        compacted = self._assemble(replace(sections, summary=made), choice, scope)
+        compacted = self._assemble(replace(sections, summary=made), choice, scope, state)
         after = tokens.calibrated(compacted.tokens, state.calibration)
         summary_tokens = tokens.calibrated(tokens.text_tokens(made.text), state.calibration)
         kept, created = await self.summaries.store(
@@ -261,7 +320,7 @@ class ContextEngine:
             model=self._writer(choice).model,
         )
         if not created:
-            return self._assemble(replace(sections, summary=kept), choice, scope)
+            return self._assemble(replace(sections, summary=kept), choice, scope, state)
         await emit(
             CompactionEvent(
                 summarized_messages=len(cut.messages),
@@ -272,15 +331,21 @@ class ContextEngine:
         )
         return compacted
 
-    def _assemble(self, sections: Sections, choice: ModelChoice, scope: TurnScope) -> Assembled:
-        return assemble(
+    def _assemble(
+        self, sections: Sections, choice: ModelChoice, scope: TurnScope, state: TurnState
+    ) -> Assembled:
+        """The request, its ``max_tokens`` what the window leaves after the prompt."""
+        assembled = assemble(
             sections,
             model=choice.model,
             provider=choice.provider.name,
             cache_key=f"{scope.tenant_id}:{scope.task_id}",
-            max_tokens=self.settings.max_output_tokens,
             tool_result_chars=self.settings.tool_result_chars,
         )
+        wanted = self.settings.output_limit(scope.agent, choice.provider.name, choice.model)
+        prompt = tokens.calibrated(assembled.tokens, state.calibration)
+        limit = budget.output_tokens(self.window(choice.model), prompt, wanted)
+        return replace(assembled, request=replace(assembled.request, max_tokens=limit))
 
     def _writer(self, choice: ModelChoice) -> ModelChoice:
         spec = self.settings.compaction_model

@@ -7,6 +7,13 @@ and then calibrated per task: each model call reports the prompt's real size
 (``input_tokens``, cache reads and writes included), and the ratio of that to
 the estimate is kept (a moving average, in the turn's state and with the
 task) so the next estimate is in the provider's own units.
+
+A report is believed only when it is plausible: between one and eight
+characters a token (``PLAUSIBLE``, the calibration's bounds too). Servers
+that report no usage (llama.cpp's) or a constant (1 token for any prompt)
+leave the calibration where it was — the local estimate, to begin with — so
+compaction still happens on time; the loop counts such a call's usage from
+its estimates, marked ``estimated``.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ CHARS_PER_TOKEN = 4
 _MESSAGE_OVERHEAD = 4
 # An image costs about this much whatever its bytes (the providers resize).
 _IMAGE_TOKENS = 1_600
-_CALIBRATION_BOUNDS = (0.25, 4.0)
+# Reported tokens per estimated token worth believing: 8 (CHARS_PER_TOKEN / 0.5)
+# down to 1 (CHARS_PER_TOKEN / 4.0) characters a token.
+PLAUSIBLE = (0.5, 4.0)
 _CALIBRATION_WEIGHT = 0.5
 
 
@@ -108,11 +117,26 @@ def calibrated(estimate: int, calibration: float) -> int:
     return int(estimate * calibration + 0.5)
 
 
+def plausible(estimate: int, reported: int) -> bool:
+    """Whether ``reported`` prompt tokens can be the size of a prompt estimated at
+    ``estimate`` (raw); with no estimate to judge by, a report is taken as it is."""
+    if estimate <= 0:
+        return reported > 0
+    low, high = PLAUSIBLE
+    return low <= reported / estimate <= high
+
+
+def sane_calibration(calibration: float | None) -> float:
+    """``calibration`` within ``PLAUSIBLE`` (one stored before the bounds were
+    this narrow is brought in); none yet: 1, the local estimate."""
+    low, high = PLAUSIBLE
+    return min(high, max(low, calibration or 1.0))
+
+
 def recalibrate(calibration: float, estimate: int, reported: int) -> float:
     """The calibration after a call estimated at ``estimate`` (raw) was
-    reported as ``reported`` prompt tokens."""
-    if estimate <= 0 or reported <= 0:
+    reported as ``reported`` prompt tokens: unchanged by an implausible report."""
+    calibration = sane_calibration(calibration)
+    if estimate <= 0 or not plausible(estimate, reported):
         return calibration
-    low, high = _CALIBRATION_BOUNDS
-    observed = min(high, max(low, reported / estimate))
-    return calibration + (observed - calibration) * _CALIBRATION_WEIGHT
+    return calibration + (reported / estimate - calibration) * _CALIBRATION_WEIGHT

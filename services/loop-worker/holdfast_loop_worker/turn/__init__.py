@@ -2,10 +2,12 @@
 
 The package: ``run.py`` (the conductor, and the one table from how a run
 stopped to how the turn ends), ``handle.py`` (the :class:`TurnHandle` every
-step takes, and the engine's implementation over Redis and PostgreSQL), and
+step takes), ``live.py`` (the engine's implementation of it over Redis,
+PostgreSQL, the providers and the tool-runners), and
 one module per step: ``model_step.py``, ``tool_step.py`` (one routing table
 for tool calls), ``hitl.py``, ``parking.py``, ``resume.py``, ``ending.py``
-(its SQL in ``rows.py``).
+(its SQL in ``rows.py``), ``result.py`` (an ``output_schema``'s answer,
+validated, corrected once; a ``result`` event before ``completed``).
 
 Event order for a plain answer (the gateway already logged ``started``)::
 
@@ -37,7 +39,8 @@ stream breaks after output reached the client, the open blocks are closed
 stored marked ``interrupted``. The task takes its next message either way.
 """
 
-from holdfast_loop_worker.turn.handle import LiveTurn, TurnContext, TurnHandle
+from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.live import LiveTurn, TurnContext
 from holdfast_loop_worker.turn.run import TurnRunner
 
 __all__ = ["LiveTurn", "TurnContext", "TurnHandle", "TurnRunner"]

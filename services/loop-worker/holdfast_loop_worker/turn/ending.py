@@ -16,6 +16,7 @@ from holdfast_shared.errors import ErrorCode, HoldfastError
 from holdfast_shared.events import ErrorEvent, ThreadLifecycle, Usage
 from holdfast_shared.observability import metrics
 
+import holdfast_loop_worker.turn.result as result
 from holdfast_loop_worker.turn.handle import EndingTurn, TurnHandle
 
 # How a run that stopped ends (the conductor's table, run.py, picks one).
@@ -67,7 +68,9 @@ Outcome = Fail | Cancel | Park | Pause | HandBack | Reraise
 
 async def completed(turn: EndingTurn, stop_reason: str) -> str:
     last = ThreadLifecycle(phase="completed", stop_reason=stop_reason)
-    await end(turn, "completed", stop_reason, [*final_usage(turn), last])
+    # An output schema's validated answer comes just before the end (result.py).
+    answer = result.events(turn)
+    await end(turn, "completed", stop_reason, [*final_usage(turn), *answer, last])
     return "completed"
 
 
@@ -129,6 +132,11 @@ def final_usage(turn: TurnHandle) -> list[Usage]:
     return [usage_so_far(turn, record=True)]
 
 
+# In the turn's usage counts: its model calls counted from the engine's own
+# estimates (no usage reported, or an implausible one: model_step.py).
+ESTIMATED_CALLS = "estimated_calls"
+
+
 def usage_so_far(turn: TurnHandle, *, record: bool = False) -> Usage:
     """``usage`` so far in the turn: cumulative over its model calls."""
     u = turn.state.usage
@@ -142,4 +150,5 @@ def usage_so_far(turn: TurnHandle, *, record: bool = False) -> Usage:
         reasoning_tokens=u.get("reasoning_tokens", 0),
         model=turn.model_label,
         active_seconds=turn.active_ms() / 1000,
+        estimated=True if u.get(ESTIMATED_CALLS) else None,
     )

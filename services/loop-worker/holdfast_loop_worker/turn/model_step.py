@@ -13,37 +13,47 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from holdfast_shared.errors import ErrorCode, StepInterrupted
-from holdfast_shared.events import UserMessage
+from holdfast_shared.events import TurnResumed, UserMessage
 from holdfast_shared.providers import ModelChoice, ModelEvent, ProviderError, UsageReport
 from holdfast_shared.providers.retry import stream_with_retries
 
+import holdfast_loop_worker.turn.result as result
 from holdfast_loop_worker.blocks import Block, StreamBlocks
 from holdfast_loop_worker.context.assembly import Assembled
-from holdfast_loop_worker.context.tokens import block_tokens, calibrated, recalibrate
+from holdfast_loop_worker.context.budget import overflow_of
+from holdfast_loop_worker.context.tokens import (
+    block_tokens,
+    calibrated,
+    plausible,
+    recalibrate,
+)
 from holdfast_loop_worker.modelcalls import observed_model_call
 from holdfast_loop_worker.steering import taken_in
-from holdfast_loop_worker.turn.ending import usage_so_far
+from holdfast_loop_worker.turn.ending import ESTIMATED_CALLS, usage_so_far
 from holdfast_loop_worker.turn.handle import ModelTurn, TurnHandle
 from holdfast_loop_worker.turn_state import PendingCall
 
 log = logging.getLogger(__name__)
 
 
+# Compactions after an overflow within one step, while each makes the prompt
+# smaller: a window only guessed (a stream cut before any output) may take more
+# than one guess.
+_OVERFLOW_ROUNDS = 3
+# A "length" stop with less output than this share of the ``max_tokens`` asked
+# was the server's window filling up, not the limit we set (llama.cpp's server
+# trims ``max_tokens`` to what its window leaves).
+_SHORT_OF_LIMIT = 0.5
+
+
 async def model_step(turn: ModelTurn, choice: ModelChoice) -> None:
     """One model call and its snapshot: the turn's next stage is its tools or its end."""
     state = turn.state
-    prepared = await turn.prepare(choice)
-    try:
-        blocks, stop_reason = await _call(turn, choice, prepared)
-    except ProviderError as exc:
-        if exc.code != ErrorCode.CONTEXT_OVERFLOW:
-            raise
-        # Our estimate was short of the provider's count: compact harder, once.
-        log.warning("turn %s: the provider found the context too long", turn.job.turn_id)
-        smaller = await turn.prepare(choice, harder=True)
-        if smaller.tokens >= prepared.tokens:
-            raise  # nothing left to compact: the turn fails with the provider's error
-        blocks, stop_reason = await _call(turn, choice, smaller)
+    # The step holds its endpoint throughout, its compaction's calls and an
+    # overflow's retries included: the learning centre must not take a local
+    # server between them (holdfast_shared.endpoint_calls).
+    async with turn.calling_model(choice):
+        blocks, stop_reason = await _answer(turn, choice)
     await turn.emit(usage_so_far(turn, record=True))
     content = {
         "blocks": [b.to_content() for b in blocks],
@@ -61,17 +71,64 @@ async def model_step(turn: ModelTurn, choice: ModelChoice) -> None:
     else:
         state.stage = "final"
         state.stop_reason = stop_reason
+        # An output schema: the answer is checked now, and a correction asked
+        # for (back to stage "model") commits with this call.
+        if (asked := result.judge(turn, blocks)) is not None:
+            await turn.snapshot("model_call", message=message, statements=[asked])
+            return
     await turn.snapshot("model_call", message=message)
+
+
+async def _answer(turn: ModelTurn, choice: ModelChoice) -> tuple[list[Block], str]:
+    """The call's blocks and stop reason. A prompt the provider finds too long
+    teaches the window and is compacted harder, then sent again."""
+    prepared = await turn.prepare(choice)
+    rounds = 0
+    while True:
+        try:
+            blocks, stop_reason = await _call(turn, choice, prepared)
+            break
+        except ProviderError as exc:
+            prompt = calibrated(prepared.tokens, turn.state.calibration)
+            overflow = overflow_of(exc, prompt)
+            if overflow is None:
+                if exc.code != ErrorCode.CONTEXT_OVERFLOW or not (exc.details or {}).get(
+                    "suspected_overflow"
+                ):
+                    raise
+                # A stream cut before any output on a prompt too short to fill
+                # any window: not an overflow, a call to make again.
+                blocks, stop_reason = await _call(turn, choice, prepared)
+                break
+            rounds += 1
+            if rounds > _OVERFLOW_ROUNDS:
+                raise
+            log.warning("turn %s: the provider found the context too long", turn.job.turn_id)
+            smaller = await turn.prepare(choice, overflow=overflow)
+            if smaller.tokens >= prepared.tokens:
+                raise  # nothing left to compact: the turn fails with the provider's error
+            prepared = smaller
+    output = sum(block_tokens(b.to_content()) for b in blocks)
+    if stop_reason == "max_tokens" and output < prepared.request.max_tokens * _SHORT_OF_LIMIT:
+        # The next prompt is judged against what this one and its answer filled.
+        turn.window_filled(choice, calibrated(prepared.tokens, turn.state.calibration) + output)
+    return blocks, stop_reason
 
 
 async def _call(
     turn: ModelTurn, choice: ModelChoice, prepared: Assembled
 ) -> tuple[list[Block], str]:
     """One model call; its reported prompt size calibrates the next estimates."""
+    call = _ShownCall(turn, prepared.tokens)
     stream = observed_model_call(
         choice.provider.name,
         choice.model,
-        stream_with_retries(choice.provider, prepared.request, attempts=turn.retry_attempts),
+        stream_with_retries(
+            choice.provider,
+            prepared.request,
+            attempts=turn.retry_attempts,
+            on_restart=call.take_back,
+        ),
     )
     # A pause may cut a model call short (executions.interrupt_for_pause): the
     # flag is set with no await between it and the stream.
@@ -79,72 +136,131 @@ async def _call(
     if turn.pause_pending:
         turn.stop.request("pause")
     try:
-        blocks, stop_reason, prompt_tokens = await _stream(turn, stream, prepared.tokens)
+        # The endpoint is held by model_step around every call of the step.
+        blocks, stop_reason = await call.run(stream)
     finally:
         turn.streaming = False
-    turn.state.calibration = recalibrate(turn.state.calibration, prepared.tokens, prompt_tokens)
+    turn.state.calibration = recalibrate(
+        turn.state.calibration, prepared.tokens, call.prompt_tokens
+    )
     return blocks, stop_reason
 
 
-async def _stream(
-    turn: ModelTurn, stream: AsyncIterator[ModelEvent], estimated_prompt: int
-) -> tuple[list[Block], str, int]:
-    """The call's blocks, stop reason and prompt size, each event shown as it comes."""
-    # Kept on the handle while it streams: a cancel or deadline closes what it left open.
-    turn.stream = blocks = StreamBlocks()
-    prompt_tokens = 0
-    reported = False
-    try:
-        async for item in stream:
-            if isinstance(item, UsageReport):
-                reported = True
-                prompt_tokens += (
-                    item.input_tokens
-                    + item.cache_creation_input_tokens
-                    + item.cache_read_input_tokens
-                )
-                turn.state.add_usage(
-                    {
-                        "input_tokens": item.input_tokens,
-                        "output_tokens": item.output_tokens,
-                        "cache_creation_input_tokens": item.cache_creation_input_tokens,
-                        "cache_read_input_tokens": item.cache_read_input_tokens,
-                        "reasoning_tokens": item.reasoning_tokens,
-                    }
-                )
-                continue
-            for shown in blocks.take(item):
-                await turn.emit(shown)
-    except ProviderError as exc:
-        if not blocks.by_index:
+class _ShownCall:
+    """One model call as the client sees it, attempt after attempt.
+
+    Each event is shown as it comes. An attempt that breaks off after output
+    and is retried (``stream_with_retries``' ``on_restart``) is taken back:
+    its open blocks closed, then ``turn_resumed`` (``reason: "model_retry"``)
+    names its events (``discard_from_seq``..``discard_to_seq``), as a resume
+    on another worker does, so a client shows the retried attempt's output
+    once, never both.
+
+    Each attempt's usage is counted once it ends (:meth:`_settle`).
+    """
+
+    def __init__(self, turn: ModelTurn, estimated_prompt: int) -> None:
+        self.turn = turn
+        self.estimated_prompt = estimated_prompt
+        # The prompt's size as reported, when believed: it calibrates the estimates.
+        self.prompt_tokens = 0
+        self.report: UsageReport | None = None
+        # The task's last seq before this attempt's first shown event.
+        self.before: int | None = None
+        # Kept on the handle while it streams: a cancel or deadline closes what it left open.
+        turn.stream = self.blocks = StreamBlocks()
+
+    async def run(self, stream: AsyncIterator[ModelEvent]) -> tuple[list[Block], str]:
+        turn = self.turn
+        try:
+            async for item in stream:
+                if isinstance(item, UsageReport):
+                    self.report = item if self.report is None else _summed(self.report, item)
+                    continue
+                shown = self.blocks.take(item)
+                if shown and self.before is None:
+                    self.before = await turn.logged_seq()
+                for event in shown:
+                    await turn.emit(event)
+        except ProviderError as exc:
+            if not self.blocks.by_index:
+                raise
+            self._settle(completed=False)
+            await close_open_blocks(turn)
+            raise StepInterrupted(exc, partial_content(turn, self.blocks)) from exc
+        except BaseException:
+            # A cancel, pause, deadline or shutdown cut the call off.
+            self._settle(completed=False)
             raise
-        if not reported:
-            _count_cut_off(turn, blocks, estimated_prompt)
+        self._settle(completed=True)
+        turn.stream = None
+        return self.blocks.blocks(), self.blocks.stop_reason
+
+    async def take_back(self, exc: ProviderError) -> None:
+        """The attempt broke off after output and will be made again: its output
+        is marked discarded (it was billed, so it stays counted)."""
+        turn = self.turn
+        log.warning("turn %s: model call retried after partial output: %s", turn.job.turn_id, exc)
+        self._settle(completed=False)
         await close_open_blocks(turn)
-        raise StepInterrupted(exc, partial_content(turn, blocks)) from exc
-    except BaseException:
-        # A cancel, pause, deadline or shutdown cut the call off.
-        if not reported:
-            _count_cut_off(turn, blocks, estimated_prompt)
-        raise
-    turn.stream = None
-    return blocks.blocks(), blocks.stop_reason, prompt_tokens
+        if self.before is not None:
+            last = await turn.logged_seq()
+            if last > self.before:
+                await turn.emit(
+                    TurnResumed(
+                        reason="model_retry",
+                        discard_from_seq=self.before + 1,
+                        discard_to_seq=last,
+                    )
+                )
+        turn.stream = self.blocks = StreamBlocks()
+        self.before = None
+
+    def _settle(self, *, completed: bool) -> None:
+        """Count the attempt's usage: as reported when the report is plausible
+        (``tokens.plausible``); else from our own estimates (the prompt as
+        assembled, the output as shown), marked estimated — a server that
+        reports none (llama.cpp) or a constant, or a stream cut off before its
+        report came (providers report at the end). An attempt cut off before
+        any output is not counted: it may never have reached the model."""
+        report, self.report = self.report, None
+        state = self.turn.state
+        if report is not None and plausible(self.estimated_prompt, _prompt_of(report)):
+            self.prompt_tokens = _prompt_of(report)
+            state.add_usage(
+                {
+                    "input_tokens": report.input_tokens,
+                    "output_tokens": report.output_tokens,
+                    "cache_creation_input_tokens": report.cache_creation_input_tokens,
+                    "cache_read_input_tokens": report.cache_read_input_tokens,
+                    "reasoning_tokens": report.reasoning_tokens,
+                }
+            )
+            return
+        if not completed and not self.blocks.by_index:
+            return
+        if report is not None:
+            log.warning(
+                "turn %s: usage %s is implausible for a prompt estimated at %d tokens: estimated",
+                self.turn.job.turn_id,
+                report,
+                self.estimated_prompt,
+            )
+        state.add_usage(
+            {
+                "input_tokens": calibrated(self.estimated_prompt, state.calibration),
+                "output_tokens": sum(block_tokens(b) for b in self.blocks.contents()),
+                ESTIMATED_CALLS: 1,
+            }
+        )
 
 
-def _count_cut_off(turn: ModelTurn, blocks: StreamBlocks, estimated_prompt: int) -> None:
-    """Providers report a call's usage at the end of its stream: a call cut off
-    after it had streamed output is counted from our own estimates (the prompt
-    as assembled, the output as shown), or the turn's usage would read 0/0
-    after the deltas its client saw. A call cut off before any output is not
-    counted (it may never have reached the model)."""
-    if not blocks.by_index:
-        return
-    turn.state.add_usage(
-        {
-            "input_tokens": calibrated(estimated_prompt, turn.state.calibration),
-            "output_tokens": sum(block_tokens(b) for b in blocks.contents()),
-        }
-    )
+def _prompt_of(report: UsageReport) -> int:
+    return report.input_tokens + report.cache_creation_input_tokens + report.cache_read_input_tokens
+
+
+def _summed(a: UsageReport, b: UsageReport) -> UsageReport:
+    return UsageReport(*(getattr(a, f) + getattr(b, f) for f in UsageReport.__dataclass_fields__))
 
 
 def partial_content(turn: TurnHandle, blocks: StreamBlocks) -> dict[str, Any]:

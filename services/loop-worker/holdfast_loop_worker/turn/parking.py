@@ -12,6 +12,10 @@ async def park(turn: ParkingTurn, request_id: str) -> str:
     """Park on HITL request ``request_id``: snapshot, keep the task, free the worker."""
     await turn.snapshot("hitl")
     await turn.keep_task_while_parked()
+    # A question may wait for hours: the task's stdio MCP servers do not wait
+    # with it (security issue #23); its next call starts them again. Asked while
+    # the lease is held, so no resumed call of the turn can come before it.
+    await turn.stop_tools()
     await turn.release_lease(status="parked")
     # An answer that came in since we read the request queued its resume job while
     # we still held the turn; whoever took that job may have found it busy. Queue

@@ -22,6 +22,7 @@ from holdfast_shared.events import (
     parse_event,
     turn_of,
 )
+from holdfast_shared.jobs import ToolOutcome
 
 from holdfast_loop_worker.turn.handle import ResumingTurn, Seen
 
@@ -58,7 +59,7 @@ def _note(seen: Seen, logged: LoggedEvent) -> None:
         seen.last_seq = logged.seq
     event = parse_event(logged.data)
     if isinstance(event, ToolResult):
-        seen.tool_results.add(event.tool_call_id)
+        seen.tool_results[event.tool_call_id] = ToolOutcome(output=event.output, error=event.error)
     elif isinstance(event, HitlRequest):
         seen.hitl_requests.add(event.request_id)
     elif isinstance(event, HitlResolved):

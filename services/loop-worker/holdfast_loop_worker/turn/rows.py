@@ -20,8 +20,12 @@ def end_statements(
     active_ms: int,
     working_memory: dict[str, Any],
     calibration: float,
+    result: dict[str, Any] | None = None,
 ) -> list[UpdateBase]:
-    """The turn's row, its task's learned state and its open questions, at its end."""
+    """The turn's row, its task's learned state and its open questions, at its end
+    (``result``: an output schema's validated answer, as ``{"value": ...}``)."""
+    # Set only with one: a JSON null is a result too, SQL NULL is none.
+    answer = {} if result is None else {"result": result["value"]}
     return [
         update(Turn)
         .where(Turn.id == turn_id)
@@ -34,6 +38,7 @@ def end_statements(
             # The totals GET /tasks/{task_id} sums, committed with the end.
             usage=dict(usage),
             active_ms=active_ms,
+            **answer,
         ),
         # The task keeps what the context engine learned for its next turn.
         update(Task)

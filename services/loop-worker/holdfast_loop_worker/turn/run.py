@@ -25,14 +25,16 @@ from holdfast_shared.providers import ProviderError, UnknownModel
 import holdfast_loop_worker.turn.ending as ending
 import holdfast_loop_worker.turn.model_step as model_step
 import holdfast_loop_worker.turn.parking as parking
+import holdfast_loop_worker.turn.result as result
 import holdfast_loop_worker.turn.resume as resume
 import holdfast_loop_worker.turn.start as start
 import holdfast_loop_worker.turn.tool_step as tool_step
 from holdfast_loop_worker import executions
 from holdfast_loop_worker.stopping import TurnStop
-from holdfast_loop_worker.transient import store_unreachable
+from holdfast_loop_worker.transient import store_refused, store_unreachable
 from holdfast_loop_worker.turn.ending import Cancel, Fail, HandBack, Outcome, Park, Pause, Reraise
-from holdfast_loop_worker.turn.handle import LiveTurn, TurnContext, TurnHandle
+from holdfast_loop_worker.turn.handle import TurnHandle
+from holdfast_loop_worker.turn.live import LiveTurn, TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,12 @@ def _internal(exc: Exception, turn: TurnHandle, _: float) -> Outcome:
             store,
         )
         return Reraise()
+    if (sqlstate := store_refused(exc)) is not None:
+        # A full disk (or the like) refused the turn's writes: its end says so,
+        # and the task takes the next message once PostgreSQL accepts writes.
+        log.error("turn %s: PostgreSQL refused its writes: %s", turn.job.turn_id, exc)
+        message = f"PostgreSQL refused the turn's writes (SQLSTATE {sqlstate}); send it again later"
+        return Fail(ErrorCode.UNAVAILABLE, message, {"store": "PostgreSQL", "sqlstate": sqlstate})
     log.error("turn %s failed", turn.job.turn_id, exc_info=exc)
     return Fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
@@ -185,6 +193,7 @@ class TurnRunner:
             await executions.at_boundary(turn, ctx)
             state = turn.state
             if state.stage == "final":
+                result.conclude(turn)  # OUTPUT_INVALID when the answer stayed invalid
                 return state.stop_reason or "end_turn"
             if state.stage == "tools":
                 await tool_step.run_tools(turn)

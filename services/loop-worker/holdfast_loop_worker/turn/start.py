@@ -16,7 +16,7 @@ from holdfast_shared.providers import ModelChoice
 
 from holdfast_loop_worker import executions
 from holdfast_loop_worker.skills import TurnSkills
-from holdfast_loop_worker.turn.handle import LiveTurn
+from holdfast_loop_worker.turn.live import LiveTurn
 from holdfast_loop_worker.turn.rows import turn_to_run
 
 
@@ -33,6 +33,7 @@ async def load_turn(turn: LiveTurn) -> Turn | None:
         return None
     turn.agent = turn.job.agent or row.agent
     turn.model = turn.job.model or row.model
+    turn.output_schema = row.output_schema
     return row
 
 
@@ -45,7 +46,7 @@ async def begin(turn: LiveTurn, row: Turn, resume_reason: str | None) -> bool:
     # A turn that never ran (its first job was lost) just starts.
     turn.resuming = snapshot is not None or (resume_reason is not None and row.status != "queued")
     if snapshot is not None:
-        turn.state = snapshot
+        turn.state, turn.boundary = snapshot, snapshot.to_json()
     await ctx.lock.ensure(job.task_id, job.turn_id)
     await ctx.context.begin_turn(
         job.task_id,

@@ -7,7 +7,9 @@ memory (``memory_search``, ``memory_save``), or a tool-runner (every other
 name: the sandbox's built-ins and the Asset Directory servers' tools). Before
 any route, a call must name a tool the agent has; a route marked ``policed``
 asks the agent's permission policy first (``allow``, ``ask``: a prompt to the
-user, ``deny``).
+user, ``deny``). A tool-runner call whose outcome stays unknown (an effectful
+one: ``toolcalls.py`` runs the others again) is settled by a person
+(``hitl.settle_unknown``) before the model sees its one result.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+from urllib.parse import quote
 
 from holdfast_shared.assets import ServerTool
-from holdfast_shared.events import ToolResult
-from holdfast_shared.jobs import ToolOutcome
+from holdfast_shared.events import Artifact, ToolResult
+from holdfast_shared.jobs import ToolOutcome, WorkspaceFile
 from holdfast_shared.tools import ASK_USER, MEMORY_SAVE, MEMORY_SEARCH, SKILL, WORKING_MEMORY
 
 from holdfast_loop_worker.turn.handle import ToolTurn
-from holdfast_loop_worker.turn.hitl import ask_user, permission
+from holdfast_loop_worker.turn.hitl import ask_user, permission, settle_unknown
 from holdfast_loop_worker.turn_state import PendingCall
 
 
@@ -90,7 +93,11 @@ async def _memory_save(turn: ToolTurn, call: PendingCall, _: ServerTool | None) 
 async def _tool_runner(
     turn: ToolTurn, call: PendingCall, server_tool: ServerTool | None
 ) -> ToolOutcome:
-    return await turn.run_tool(call, server_tool)
+    outcome = await turn.run_tool(call, server_tool)
+    if outcome.unknown is not None:
+        # Effectful (the caller retries the others itself): a person says what happened.
+        return await settle_unknown(turn, call, server_tool, outcome)
+    return outcome
 
 
 _HANDLERS: Mapping[Route, _Handler] = {
@@ -103,16 +110,24 @@ _HANDLERS: Mapping[Route, _Handler] = {
 }
 
 
+def artifact(task_name: str, tool_call_id: str, published: WorkspaceFile) -> Artifact:
+    """The event of a file a tool call wrote under ``outputs/``, with its download path."""
+    return Artifact(
+        tool_call_id=tool_call_id,
+        path=published.path,
+        name=published.path.rsplit("/", 1)[-1],
+        size=published.size,
+        sha256=published.sha256 or "",
+        download=f"/tasks/{quote(task_name, safe='')}/files/{quote(published.path)}",
+    )
+
+
 async def run_tools(turn: ToolTurn) -> None:
     """Run the pending calls not run yet, then store their results as one message."""
     state = turn.state
     for call in state.pending:
         if call.outcome is None:
-            outcome = await call_outcome(turn, call)
-            if call.id not in turn.seen.tool_results:
-                await turn.emit(
-                    ToolResult(tool_call_id=call.id, output=outcome.output, error=outcome.error)
-                )
+            outcome = await _logged_or_run(turn, call)
             call.outcome = outcome.model_dump()
             if routing_of(call.name).snapshot_each:
                 await turn.snapshot("tool_result")
@@ -131,6 +146,27 @@ async def run_tools(turn: ToolTurn) -> None:
     state.stage = "model"
     state.pending = []
     await turn.snapshot("tool_results", message=message)
+
+
+async def _logged_or_run(turn: ToolTurn, call: PendingCall) -> ToolOutcome:
+    """The call's result as logged, once: a tool-runner call whose result a
+    cut-off run logged keeps it; any other call is answered by its route (a
+    route whose effect only a snapshot keeps runs again, as it must)."""
+    logged = turn.seen.tool_results.get(call.id)
+    if logged is not None and routing_of(call.name).route is Route.TOOL_RUNNER:
+        # The client was shown this result, maybe one a person settled: the
+        # call's row may say otherwise by now (a stalled runner that finished
+        # after it was given up for lost), and the model must be told what the
+        # client saw.
+        return logged
+    outcome = await call_outcome(turn, call)
+    if logged is None:
+        await turn.emit(
+            ToolResult(tool_call_id=call.id, output=outcome.output, error=outcome.error)
+        )
+        for published in outcome.artifacts:
+            await turn.emit(artifact(turn.task_name, call.id, published))
+    return outcome
 
 
 async def call_outcome(turn: ToolTurn, call: PendingCall) -> ToolOutcome:

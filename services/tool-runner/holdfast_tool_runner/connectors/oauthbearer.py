@@ -27,7 +27,6 @@ class NeedsAuthorization(Exception):
     """No usable token and none to be had without the user: connect again."""
 
 
-
 Save = Callable[[OAuthRecord], Awaitable[None]]
 Reload = Callable[[], Awaitable[OAuthRecord | None]]
 

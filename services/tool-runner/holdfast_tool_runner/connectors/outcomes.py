@@ -3,7 +3,8 @@
 A ``tools/call`` answer (the SDK's ``CallToolResult``) becomes a
 :class:`~holdfast_shared.jobs.ToolOutcome`: ``output`` holds the content
 blocks as MCP sends them (text, image, resource...) and the structured content
-if any; a result the server flags ``isError`` is an ``error`` with its text.
+if any; a result the server flags ``isError`` is an ``error`` with its text (the
+text blocks leave the output then: the model reads the error once).
 
 Every outcome and every error passes :class:`Redactor` first: any value of the
 server's credentials or environment (a server that prints its environment, an
@@ -50,9 +51,11 @@ class Redactor:
         return value if cleaned == dumped else json.loads(cleaned)
 
     def outcome(self, outcome: ToolOutcome) -> ToolOutcome:
-        return ToolOutcome(
-            output=self.value(outcome.output),
-            error=self.text(outcome.error) if outcome.error is not None else None,
+        return outcome.model_copy(
+            update={
+                "output": self.value(outcome.output),
+                "error": self.text(outcome.error) if outcome.error is not None else None,
+            }
         )
 
 
@@ -64,10 +67,17 @@ def _block(content: Any) -> dict[str, Any]:
 def call_outcome(result: Any) -> ToolOutcome:
     """A ``CallToolResult`` as the model sees it."""
     content = [_block(block) for block in result.content or ()]
-    output: dict[str, Any] = {"content": content}
-    if result.structured_content is not None:
-        output["structuredContent"] = result.structured_content
-    if result.is_error:
-        text = " ".join(b.get("text", "") for b in content if b.get("type") == "text").strip()
-        return ToolOutcome(output=output, error=text or "the MCP tool reported an error")
-    return ToolOutcome(output=output)
+    structured = result.structured_content
+    if not result.is_error:
+        output: dict[str, Any] = {"content": content}
+        if structured is not None:
+            output["structuredContent"] = structured
+        return ToolOutcome(output=output)
+    # The text is the error; the output keeps only what the error does not say
+    # (an image, structured content), so the model reads the text once.
+    text = " ".join(b.get("text", "") for b in content if b.get("type") == "text").strip()
+    rest = [b for b in content if b.get("type") != "text"]
+    kept: dict[str, Any] = {"content": rest} if rest else {}
+    if structured is not None:
+        kept["structuredContent"] = structured
+    return ToolOutcome(output=kept or None, error=text or "the MCP tool reported an error")

@@ -4,14 +4,15 @@ A session costs a connection and a handshake (for a stdio server, a sandboxed
 process and its start-up), so a runner keeps one per (tenant, task, server) and
 reuses it for every call of the task that reaches this runner. Who closes one:
 
-* for a stdio server, the task's turn ending or pausing (the runner's reap
-  request: :meth:`Sessions.close_task`), since the reaper kills what runs in the
-  task's sandbox then anyway (a paused task's server must not go on changing
-  its workspace while it is checkpointed; a HITL park keeps it: the session
-  lasts the turn); a session over HTTP outlives the turn, so the task's next
-  turns call on it without a new handshake;
-* the task's deletion (:meth:`Sessions.close_task` with ``turn_end=False``);
-* idleness, ``HOLDFAST_ASSET_SESSION_IDLE_SECONDS`` without a call (:meth:`sweep`);
+* for a stdio server (a process in the task's sandbox), the task's pause or
+  park or any stop other than a turn's normal end (the runner's reap request:
+  :meth:`Sessions.close_task`), since the reaper kills what runs in the task's
+  sandbox then (a paused task's server must not go on changing its workspace
+  while it is checkpointed). A turn's normal end keeps it, so the task's next
+  turns call on it without a new start (0.8-4 s for a node or Python server);
+* the task's deletion (:meth:`Sessions.close_task` with ``only_local=False``);
+* idleness, ``HOLDFAST_ASSET_SESSION_IDLE_SECONDS`` without a call, or
+  ``HOLDFAST_ASSET_STDIO_IDLE_SECONDS`` for a stdio server's (:meth:`sweep`);
 * a failure: a call that times out or finds the transport gone closes its session,
   and the next call opens a new one;
 * a changed registration (another ``version`` of the server), and the runner
@@ -95,8 +96,9 @@ class _Held:
 class Sessions:
     """The open sessions of this runner, by (tenant, task, server)."""
 
-    def __init__(self, *, idle_seconds: float) -> None:
+    def __init__(self, *, idle_seconds: float, local_idle_seconds: float | None = None) -> None:
         self.idle_seconds = idle_seconds
+        self.local_idle_seconds = idle_seconds if local_idle_seconds is None else local_idle_seconds
         self._held: dict[SessionKey, _Held] = {}
         self._locks: dict[SessionKey, asyncio.Lock] = {}
 
@@ -112,7 +114,7 @@ class Sessions:
         """The task's connected session to the server, opened with ``opener`` if it
         has none (or one of another ``version`` of the server's registration).
         ``local``: the server runs in the task's sandbox (stdio), so the session
-        ends with the turn. Raises what opening raised."""
+        ends when the task stops. Raises what opening raised."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             held = self._held.get(key)
@@ -143,23 +145,36 @@ class Sessions:
         if held is not None:
             await held.close()
 
-    async def close_task(self, tenant_id: str, task_id: str, *, turn_end: bool = True) -> int:
-        """Close the task's sessions: at a turn's end its stdio servers' (the
-        reaper ends their processes), else all of them; how many."""
+    async def close_task(self, tenant_id: str, task_id: str, *, only_local: bool = True) -> int:
+        """Close the task's sessions: its stdio servers' (``only_local``: it
+        stopped, and the reaper ends their processes), else all of them (it was
+        deleted); how many."""
         keys = [
             k
             for k, held in self._held.items()
-            if k.tenant_id == tenant_id and k.task_id == task_id and (held.local or not turn_end)
+            if k.tenant_id == tenant_id and k.task_id == task_id and (held.local or not only_local)
         ]
         await asyncio.gather(*(self._drop(key) for key in keys))
         for key in keys:
             self._locks.pop(key, None)
         return len(keys)
 
+    def local(self, tenant_id: str, task_id: str) -> list[SessionKey]:
+        """The task's open sessions to stdio servers."""
+        return [
+            k
+            for k, held in self._held.items()
+            if k.tenant_id == tenant_id and k.task_id == task_id and held.local and held.alive
+        ]
+
     async def sweep(self) -> int:
-        """Close the sessions idle past ``idle_seconds``; how many."""
+        """Close the sessions idle past their idle time; how many."""
         now = time.monotonic()
-        idle = [k for k, h in self._held.items() if now - h.last_used > self.idle_seconds]
+        idle = [
+            k
+            for k, h in self._held.items()
+            if now - h.last_used > (self.local_idle_seconds if h.local else self.idle_seconds)
+        ]
         await asyncio.gather(*(self._drop(key) for key in idle))
         return len(idle)
 

@@ -13,13 +13,20 @@ token as a header, or :class:`~holdfast_tool_runner.connectors.oauthbearer.Store
 transport is the outbound policy's (``holdfast_shared.outbound``), so the
 server's URL, its token endpoint and any redirect are judged as they are
 dialled, and dialled at the address judged.
+
+A tool call carries its idempotency key in the request's ``_meta``
+(:data:`IDEMPOTENCY_META`); over HTTP it also goes as the ``Idempotency-Key``
+header (:func:`_idempotency_header`), which a server's gateway or framework
+can dedupe on without reading the JSON-RPC body.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import httpx2
@@ -37,6 +44,62 @@ log = logging.getLogger(__name__)
 # must not grow this process without bound.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _CHUNK = 64 * 1024
+# Where a tools/call request carries the call's idempotency key.
+IDEMPOTENCY_META = "io.holdfast/idempotency-key"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# How much of a stdio server's stderr is kept: the end, where a failed start says why.
+STDERR_TAIL_BYTES = 4096
+
+
+class StderrTail:
+    """The last :data:`STDERR_TAIL_BYTES` a stdio server wrote to stderr.
+
+    Kept only to say why a server failed to start or died (in a registration's
+    422 and the runner's log, redacted of the server's secrets first); the rest
+    is read and dropped."""
+
+    def __init__(self, limit: int = STDERR_TAIL_BYTES) -> None:
+        self.limit = limit
+        self._data = bytearray()
+        self.ended = anyio.Event()
+
+    def feed(self, chunk: bytes) -> None:
+        self._data += chunk
+        if len(self._data) > self.limit:
+            del self._data[: len(self._data) - self.limit]
+
+    def text(self) -> str:
+        return self._data.decode(errors="replace").strip()
+
+    async def settled(self, seconds: float) -> str:
+        """The tail once the server closed its stderr (or after ``seconds``):
+        a process that just died may still have a line in the pipe."""
+        with anyio.move_on_after(seconds):
+            await self.ended.wait()
+        return self.text()
+
+
+def _meta_key(body: bytes) -> str | None:
+    """The idempotency key in a JSON-RPC request's ``params._meta``, if any."""
+    if IDEMPOTENCY_META.encode() not in body:
+        return None  # most requests: no need to parse them
+    try:
+        message: Any = json.loads(body)
+    except ValueError:
+        return None
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    key = meta.get(IDEMPOTENCY_META) if isinstance(meta, dict) else None
+    return key if isinstance(key, str) else None
+
+
+async def _idempotency_header(request: httpx2.Request) -> None:
+    """Copy a tool call's ``_meta`` key into the ``Idempotency-Key`` header. The SDK
+    posts from its own task, so the body is the one place the key is sure to be."""
+    if request.method == "POST":
+        key = _meta_key(request.content)
+        if key is not None:
+            request.headers[IDEMPOTENCY_HEADER] = key
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
@@ -48,9 +111,12 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 
 
 @contextlib.asynccontextmanager
-async def resident_transport(resident: Resident) -> AsyncIterator[TransportStreams]:
+async def resident_transport(
+    resident: Resident, stderr: StderrTail | None = None
+) -> AsyncIterator[TransportStreams]:
     """The session's streams over ``resident``'s stdin and stdout; the process is
-    stopped when the context ends (and the streams end when it dies)."""
+    stopped when the context ends (and the streams end when it dies). What it
+    writes to stderr goes to ``stderr`` (its tail), else nowhere."""
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
 
@@ -77,9 +143,15 @@ async def resident_transport(resident: Resident) -> AsyncIterator[TransportStrea
             await read_writer.aclose()  # the server is gone: the session sees the end
 
     async def stderr_drain() -> None:
-        # Read and dropped: what a server prints there may hold its secrets.
-        while await resident.stderr.read(_CHUNK):
-            pass
+        # Only the tail is kept (see StderrTail), and it may hold the server's
+        # secrets: whoever shows it redacts it.
+        try:
+            while chunk := await resident.stderr.read(_CHUNK):
+                if stderr is not None:
+                    stderr.feed(chunk)
+        finally:
+            if stderr is not None:
+                stderr.ended.set()
 
     try:
         async with anyio.create_task_group() as group:
@@ -117,6 +189,7 @@ async def http_transport(
         auth=auth,
         timeout=httpx2.Timeout(timeout_seconds, read=max(timeout_seconds, 300.0)),
         transport=outbound.transport(("url",)),
+        event_hooks={"request": [_idempotency_header]},
     )
     async with client, streamable_http_client(url, http_client=client) as streams:
         yield streams

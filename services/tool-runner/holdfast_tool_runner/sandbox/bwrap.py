@@ -175,7 +175,7 @@ def bwrap_argv(
         "ALL",
         "--clearenv",
     ]
-    for name, value in ENV.items():
+    for name, value in (*policy.env, *ENV.items()):
         args += ["--setenv", name, value]
     args += _root_dirs()
     etc = list(_ETC_FROM_HOST)

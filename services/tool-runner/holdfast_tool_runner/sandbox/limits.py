@@ -411,7 +411,7 @@ class CallLimits:
         is the launcher's (bwrap's) pid, for when no cgroup lists the call's processes.
         """
         m = self.mechanisms
-        if m.memory == "cgroup1" and self._v1_oom_kills():
+        if self.v1_oom_killed():
             return "memory"  # the kernel killed one process; the call goes with it
         if m.memory != "rss-budget" and m.cpu != "time-budget":
             return None
@@ -433,6 +433,11 @@ class CallLimits:
         if self.cgroups:
             return []
         return _descendants(root_pid)
+
+    def v1_oom_killed(self) -> bool:
+        """Whether v1's memory cgroup killed a process of the call: v1 has no
+        ``memory.oom.group``, so the call counts as killed for memory as a whole."""
+        return self.mechanisms.memory == "cgroup1" and self._v1_oom_kills() > 0
 
     def _v1_oom_kills(self) -> int:
         return sum(

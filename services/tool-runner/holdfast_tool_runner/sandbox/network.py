@@ -168,7 +168,14 @@ class Uplink:
                 assert process.stderr is not None
                 detail = (await process.stderr.read()).decode(errors="replace").strip()
                 raise SandboxUnavailable(f"network: slirp4netns failed: {detail[-500:]}")
-            os.write(block_fd, b"1")  # bwrap may run the command now
+            try:
+                os.write(block_fd, b"1")  # bwrap may run the command now
+            except BrokenPipeError as exc:
+                # bwrap gave up setting up the namespace meanwhile (see
+                # runner.SETUP_ATTEMPTS): nothing ran.
+                raise SandboxUnavailable(
+                    "network: the sandbox exited while its network was set up", transient=True
+                ) from exc
         except BaseException:
             uplink.close()
             raise

@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 # A skill's name (holdfast_shared.skills.format): one path component, never . or ..
 _SKILL_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -17,7 +18,14 @@ GiB = 1024 * MiB
 
 
 class SandboxUnavailable(RuntimeError):
-    """The sandbox could not be set up, so the command was not run. The message says why."""
+    """The sandbox could not be set up, so the command was not run. The message says why.
+
+    ``transient``: a set-up that may well succeed when tried again (nothing ran).
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,9 @@ class SandboxPolicy:
     # Skills' folders, (host directory, skill name): each mounted read-only at
     # /workspace/.skills/<name>, on a read-only /workspace/.skills (bwrap.py).
     skill_mounts: tuple[tuple[Path, str], ...] = ()
+    # Set in the call's environment beside the sandbox's own (bwrap.ENV), which
+    # they never replace: the call's HOLDFAST_IDEMPOTENCY_KEY.
+    env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.workspace.is_absolute():
@@ -61,6 +72,9 @@ class SandboxPolicy:
         for folder, name in self.skill_mounts:
             if not folder.is_absolute() or not _SKILL_NAME.fullmatch(name):
                 raise ValueError(f"a skill mount is an absolute folder and a name: {name!r}")
+        for key, value in self.env:
+            if not _ENV_NAME.fullmatch(key) or "\0" in value:
+                raise ValueError(f"not an environment variable: {key!r}")
         for name in (
             "timeout_seconds",
             "memory_bytes",

@@ -73,6 +73,16 @@ class Resident:
         return self.process.returncode
 
     @property
+    def handle(self) -> object:
+        """What ``reap_leftovers(..., sparing=...)`` knows it by."""
+        return self._launched.call
+
+    @property
+    def alive(self) -> bool:
+        """Neither stopped, nor reaped, nor exited."""
+        return not self._stopped and not self.reaped and self.process.returncode is None
+
+    @property
     def reaped(self) -> bool:
         """Whether the turn-end watchdog killed it."""
         return self._launched.call.reaped

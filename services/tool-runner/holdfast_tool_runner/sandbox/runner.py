@@ -25,11 +25,13 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import signal
 import stat
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -40,7 +42,15 @@ from .launchers import Launcher, Launchers
 from .limits import WATCH_SECONDS, CallLimits, Hierarchies, hierarchies
 from .policy import SandboxPolicy, SandboxResult, SandboxUnavailable
 
+log = logging.getLogger(__name__)
+
 _KILL_GRACE_SECONDS = 2.0
+# A sandbox with a network is set up by bwrap (its loopback) and slirp4netns
+# (its uplink) in the same new namespace; on a busy host bwrap's loopback set-up
+# now and then fails ("loopback: Failed RTM_NEWADDR") or bwrap exits before the
+# uplink is up — about one run of tests/sandbox/test_run.py in four while other
+# sandboxes start. Nothing has run then, so the set-up is tried again.
+SETUP_ATTEMPTS = 3
 _READ_CHUNK = 64 * 1024
 _SYSTEM_DIRS = ("/usr", "/etc", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib", "/lib64", "/boot")
 
@@ -323,6 +333,23 @@ async def run_sandboxed(
     if any("\0" in arg for arg in argv):
         raise ValueError("embedded null byte in the command line")
     found = host or default_host()
+    for attempt in range(1, SETUP_ATTEMPTS + 1):
+        try:
+            return await _run(argv, policy, stdin, launchers, found)
+        except SandboxUnavailable as exc:
+            if not exc.transient or attempt == SETUP_ATTEMPTS:
+                raise
+            log.info("sandbox set-up failed (%s), attempt %d: trying again", exc, attempt)
+    raise AssertionError("unreachable")
+
+
+async def _run(
+    argv: list[str],
+    policy: SandboxPolicy,
+    stdin: bytes | None,
+    launchers: Launchers | None,
+    found: Host,
+) -> SandboxResult:
     launched = await _launch(argv, policy, launchers=launchers, found=found)
     call, launcher, uplink, tag, started = (
         launched.call,
@@ -369,6 +396,10 @@ async def run_sandboxed(
         if uplink is not None:
             uplink.close()
         events = call.limits.events()
+        if call.over is None and call.limits.v1_oom_killed():
+            # The kernel killed a process and the rest ended before the watch's next
+            # look: the call still goes as v2's memory.oom.group would take it.
+            call.over = "memory"
         if call.over is not None and call.over not in events:
             events += (call.over,)
         await call.limits.release()
@@ -389,7 +420,10 @@ async def run_sandboxed(
     else:
         if not status.startswith(b"K"):
             detail = status[1:].decode(errors="replace") or err.text().strip()
-            raise SandboxUnavailable(f"sandbox set-up failed: {detail or f'exit {code}'}")
+            raise SandboxUnavailable(
+                f"sandbox set-up failed: {detail or f'exit {code}'}",
+                transient=policy.network and "loopback" in detail,
+            )
         if call.over is not None:
             reason = call.over
         else:
@@ -411,17 +445,18 @@ async def run_sandboxed(
     )
 
 
-async def reap_leftovers(workspace: Path) -> int:
+async def reap_leftovers(workspace: Path, *, sparing: Collection[object] = ()) -> int:
     """Turn-end watchdog: kill everything still running for ``workspace``.
 
     Kills the calls this process is running for it (they return with
-    ``killed_reason="reaped"``) and every call cgroup left by a runner process that
-    has since died, whatever its workspace (a call's cgroups are named after the
-    runner, not the workspace: see limits.py). Returns how many calls or cgroups it
-    found.
+    ``killed_reason="reaped"``) but those in ``sparing`` (``Resident.handle``: the
+    stdio MCP servers a task keeps between its turns), and every call cgroup left
+    by a runner process that has since died, whatever its workspace (a call's
+    cgroups are named after the runner, not the workspace: see limits.py).
+    Returns how many calls or cgroups it found.
     """
     tag = workspace_tag(await asyncio.to_thread(workspace.resolve))
-    calls = list(_running.get(tag, ()))
+    calls = [call for call in _running.get(tag, ()) if call not in sparing]
     for call in calls:
         call.reaped = True
         call.kill()
