@@ -14,19 +14,21 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_shared.db.models import Turn
 from httpx_sse import aconnect_sse
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.processes import EngineProcesses
 
 pytestmark = [pytest.mark.timeout(120)]
 
 
-async def test_a_cancelled_turn_counts_the_tokens_it_streamed(
-    engine: EngineProcesses, api_keys: dict[str, str]
-) -> None:
-    key = api_keys["main"]
+async def cancel_after_50_deltas(
+    engine: EngineProcesses, key: str, task_id: str
+) -> list[dict[str, Any]]:
+    """A 400-delta scripted turn, cancelled once the client has seen 50; its events."""
     headers = {"X-Engine-Key": key}
-    task_id = f"cancel-usage-{secrets.token_hex(3)}"
     message = "/script " + json.dumps({"text": "word ", "deltas": 400, "delay_ms": 20})
     events: list[dict[str, Any]] = []
     async with httpx.AsyncClient(timeout=60) as client:
@@ -53,7 +55,24 @@ async def test_a_cancelled_turn_counts_the_tokens_it_streamed(
                         assert answer.status_code == 200, answer.text
 
             await asyncio.wait_for(read(), timeout=60)
-        detail = (await client.get(f"{engine.url}/tasks/{task_id}", headers=headers)).json()
+    return events
+
+
+async def task_usage(engine: EngineProcesses, key: str, task_id: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        got = await client.get(f"{engine.url}/tasks/{task_id}", headers={"X-Engine-Key": key})
+    assert got.status_code == 200, got.text
+    usage: dict[str, Any] = got.json()["usage"]
+    return usage
+
+
+async def test_a_cancelled_turn_counts_the_tokens_it_streamed(
+    engine: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    task_id = f"cancel-usage-{secrets.token_hex(3)}"
+    events = await cancel_after_50_deltas(engine, key, task_id)
+    totals = await task_usage(engine, key, task_id)
     assert events[-1]["phase"] == "completed" and events[-1]["stop_reason"] == "cancelled"
     streamed = [e for e in events if e["type"] == "text_delta"]
     assert 50 <= len(streamed) < 400
@@ -61,6 +80,38 @@ async def test_a_cancelled_turn_counts_the_tokens_it_streamed(
     assert usage["input_tokens"] > 0, usage
     # At least what the client was shown ("word " is two tokens at most, by any count).
     assert usage["output_tokens"] >= len(streamed), usage
-    totals = detail["usage"]
-    assert totals["input_tokens"] == usage["input_tokens"], detail
-    assert totals["output_tokens"] == usage["output_tokens"], detail
+    assert totals["input_tokens"] == usage["input_tokens"], totals
+    assert totals["output_tokens"] == usage["output_tokens"], totals
+
+
+async def test_a_turn_ended_in_the_log_but_not_on_its_row_counts_its_logged_usage(
+    engine: EngineProcesses, api_keys: dict[str, str], sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A turn logs its end, then records its totals on its row. A read between
+    the two (a client reading the task the moment its stream ends, as the test
+    above does) once fell back to the turn's last snapshot, which predates the
+    call the cancel cut off: 0 input tokens. The window is recreated by putting
+    the row back as it is in it."""
+    key = api_keys["main"]
+    task_id = f"cancel-window-{secrets.token_hex(3)}"
+    events = await cancel_after_50_deltas(engine, key, task_id)
+    usage = [e for e in events if e["type"] == "usage"][-1]
+    turn_id = events[-1]["turn_id"]
+    async with sessions() as session:
+        for _ in range(400):  # the row records the end just after the stream ends
+            row = await session.get(Turn, turn_id, populate_existing=True)
+            if row is not None and row.usage is not None:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"turn {turn_id} never recorded its end")
+        await session.execute(
+            update(Turn)
+            .where(Turn.id == turn_id)
+            .values(status="running", usage=None, active_ms=None, finished_at=None)
+        )
+        await session.commit()
+    totals = await task_usage(engine, key, task_id)
+    assert totals["input_tokens"] == usage["input_tokens"] > 0, totals
+    assert totals["output_tokens"] == usage["output_tokens"] > 0, totals
+    assert totals["active_seconds"] == pytest.approx(usage["active_seconds"], abs=0.001)

@@ -12,7 +12,8 @@ right after a crash as before it:
   its row, written in the transaction that records its end; a turn still
   under way has them in its latest snapshot (what a worker taking it over
   continues from); a turn that ended before the row kept them, in its
-  trajectory.
+  trajectory; a turn whose end is logged and not yet on its row, in its
+  last logged ``usage`` (:func:`ended_turn`).
   A turn logs its end and frees the task (the Redis turn lock) in one step,
   and records its end on its row just after: a ``running`` task whose lock
   is free has ended its turn, and reads ``idle`` (:func:`settle`) — what
@@ -42,7 +43,7 @@ from holdfast_shared.db.models import (
     Turn,
 )
 from holdfast_shared.eventlog import EventLog
-from holdfast_shared.events import TERMINAL_PHASES, Event, ThreadLifecycle, parse_event
+from holdfast_shared.events import TERMINAL_PHASES, Event, ThreadLifecycle, Usage, parse_event
 from holdfast_shared.ids import is_valid_id
 from holdfast_shared.turnlock import TurnLock
 from holdfast_shared.turnqueue import PENDING
@@ -208,9 +209,12 @@ def _ms_iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-async def task_detail(session: AsyncSession, task_id: str) -> TaskDetail | None:
+async def task_detail(
+    session: AsyncSession, task_id: str, ended: EndedTurn | None = None
+) -> TaskDetail | None:
     """The task's status, turns, usage totals and pending question (not the
-    last event: :func:`last_event` reads the log)."""
+    last event: :func:`last_event` reads the log; ``ended``, from
+    :func:`ended_turn`, is a turn whose end is logged and not yet on its row)."""
     row = (
         await session.execute(
             select(
@@ -261,7 +265,7 @@ async def task_detail(session: AsyncSession, task_id: str) -> TaskDetail | None:
                 "finished_at": _ms_iso(turn[4]),
             }
         ),
-        usage=await usage_totals(session, task_id),
+        usage=await usage_totals(session, task_id, ended),
         pending_hitl=(
             None
             if question is None
@@ -278,7 +282,9 @@ async def task_detail(session: AsyncSession, task_id: str) -> TaskDetail | None:
     )
 
 
-async def usage_totals(session: AsyncSession, task_id: str) -> dict[str, Any]:
+async def usage_totals(
+    session: AsyncSession, task_id: str, ended: EndedTurn | None = None
+) -> dict[str, Any]:
     """The task's token counts and active seconds, summed over its turns."""
     turns = (
         await session.execute(
@@ -291,6 +297,11 @@ async def usage_totals(session: AsyncSession, task_id: str) -> dict[str, Any]:
         t[0]: (t[1], t[2] or 0) for t in turns if t[1] is not None
     }
     missing = [t[0] for t in turns if t[1] is None]
+    if ended is not None and ended.turn_id in missing:
+        # Its end is logged, its row not written yet: its last snapshot would
+        # miss the call the end cut off, the logged usage has it.
+        per_turn[ended.turn_id] = (ended.usage, ended.active_ms)
+        missing.remove(ended.turn_id)
     if missing:
         # Under way: the newest snapshot (expired ones too: nothing newer exists).
         snapshots = await session.execute(
@@ -367,6 +378,45 @@ async def last_result(session: AsyncSession, task_id: str) -> dict[str, Any] | N
         return None
     turn_id, result, finished_at = found
     return {"turn_id": turn_id, "result": result, "finished_at": finished_at}
+
+
+@dataclass(frozen=True, slots=True)
+class EndedTurn:
+    """A turn whose end the log holds, with the usage it logged last."""
+
+    turn_id: str
+    usage: dict[str, Any]
+    active_ms: int
+
+
+# A turn's last ``usage`` comes just before its end; the few events a turn may
+# log between them (a trajectory note, an error) fit well within this.
+_USAGE_LOOKBACK = 32
+
+
+async def ended_turn(eventlog: EventLog, task_id: str, last: LastEvent | None) -> EndedTurn | None:
+    """The turn whose end is the task's last event, and its final usage.
+
+    A turn logs its end before it records its totals on its row (see
+    :func:`settle`); between the two, the totals are read from the log so
+    ``GET /tasks/{id}`` right after the stream ends already counts the turn.
+    """
+    event = last.event if last is not None else None
+    if last is None or not isinstance(event, ThreadLifecycle):
+        return None
+    if event.phase not in TERMINAL_PHASES or event.turn_id is None:
+        return None
+    entries = await eventlog.redis.xrevrange(
+        eventlog.keys.events(task_id), max=str(last.seq), count=_USAGE_LOOKBACK
+    )
+    for _entry_id, fields in entries:
+        logged = parse_event(fields["d"])
+        if logged.turn_id != event.turn_id:
+            break
+        if isinstance(logged, Usage):
+            usage = {name: getattr(logged, name) for name in USAGE_FIELDS}
+            return EndedTurn(event.turn_id, usage, round(logged.active_seconds * 1000))
+    return None
 
 
 def settle_turn(turn: dict[str, Any], last: LastEvent | None) -> dict[str, Any]:

@@ -225,8 +225,9 @@ class TaskState(BaseModel):
 async def get_task(state: StateDep, tenant: TenantDep, task_id: TaskPath) -> TaskState:
     task = await require_task(state, tenant, task_id)
     async with state.sessions() as session:
-        detail = await taskstatus.task_detail(session, task.id)
         last = await taskstatus.last_event(state.eventlog, session, task.id)
+        ended = await taskstatus.ended_turn(state.eventlog, task.id, last)
+        detail = await taskstatus.task_detail(session, task.id, ended)
         result = await taskstatus.last_result(session, task.id)
     if detail is None:  # deleted meanwhile
         raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"task {task_id!r} not found")
