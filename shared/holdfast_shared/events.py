@@ -25,6 +25,27 @@ BlockType = Literal["text", "thinking", "tool_use"]
 TERMINAL_PHASES = frozenset({"completed", "errored"})
 
 
+class SubagentOrigin(BaseModel):
+    """Where a mirrored event comes from: a child task the turn delegated to.
+
+    ``task_id``, ``agent`` and ``depth`` (1: a child of the task a client
+    started, 2: its child, ...) are the task the event was born in: a
+    grandchild's event mirrored through its parent keeps the grandchild's.
+    ``tool_call_id`` is the ``delegate`` call of this turn it came through
+    and ``seq`` its seq in that call's child's log (absent on
+    ``subagent_started`` and ``subagent_completed``). A mirrored event's own
+    ``seq`` is the parent's: a client following the parent resumes from it.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    agent: str
+    depth: int
+    tool_call_id: str
+    seq: int | None = None
+
+
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
@@ -39,6 +60,8 @@ class _Event(BaseModel):
     seq: int = 0
     # Epoch milliseconds, strictly increasing per task.
     timestamp: int = 0
+    # Set on a child task's event mirrored into its parent's log (subagents).
+    subagent: SubagentOrigin | None = None
 
 
 class ThreadLifecycle(_Event):
@@ -249,6 +272,9 @@ class Usage(_Event):
     # True when a model call of the turn reported no usage, or an implausible one
     # (a local server's constant), and was counted from the engine's estimates.
     estimated: bool | None = None
+    # The subagents' usage so far (not in the counts above: each child task
+    # counts its own), by child task name (a grandchild's too).
+    subagents: dict[str, dict[str, int]] | None = None
 
 
 class Result(_Event):
@@ -264,6 +290,26 @@ class Result(_Event):
     result: Any
     # The model's answers it took (2: the first was invalid and corrected).
     attempts: int = 1
+
+
+class SubagentStarted(_Event):
+    """The turn delegated to a child task (the ``delegate`` tool's call
+    ``subagent.tool_call_id``): its events follow, each with ``subagent`` set,
+    until ``subagent_completed``. The child is a task of its own
+    (``GET /tasks/{subagent.task_id}``)."""
+
+    type: Literal["subagent_started"] = "subagent_started"
+    brief: str
+
+
+class SubagentCompleted(_Event):
+    """The child task's turn ended: ``status`` (``completed``, ``errored``,
+    ``cancelled``) and its answer, which is the ``delegate`` call's result."""
+
+    type: Literal["subagent_completed"] = "subagent_completed"
+    status: str
+    stop_reason: str | None = None
+    answer: str = ""
 
 
 Event = Annotated[
@@ -286,7 +332,9 @@ Event = Annotated[
     | Heartbeat
     | Usage
     | Result
-    | Artifact,
+    | Artifact
+    | SubagentStarted
+    | SubagentCompleted,
     Field(discriminator="type"),
 ]
 

@@ -137,6 +137,11 @@ class Settings(BaseSettings):
     tool_retries: int = Field(default=2, ge=0, le=10)
     # How many tool calls one tool-runner process runs at once.
     tool_concurrency: int = 8
+    # Subagents (the delegate tool): how many child tasks one model response's
+    # delegate calls run at once, and how deep delegation may go (1: a task's
+    # children may not delegate again).
+    max_subagents_per_turn: int = Field(default=4, ge=1, le=64)
+    max_subagent_depth: int = Field(default=2, ge=1, le=8)
     # Sandboxed processes each tool-runner keeps spawned ahead of the calls that will
     # use them (already in their own cgroups): a call that finds one skips 10-15 ms.
     sandbox_spares: int = Field(default=4, ge=0)

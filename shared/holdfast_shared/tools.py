@@ -158,6 +158,24 @@ SKILL = ToolSpec(
     ),
 )
 
+# Run by the loop (loop-worker turn/delegation.py): starts a child task with
+# another agent and waits for its answer, its events mirrored into this turn's
+# stream. Offered only to an agent that names subagents; the enum is its list.
+DELEGATE = ToolSpec(
+    "delegate",
+    "Hand a self-contained piece of work to one of your subagents, which works on it in a "
+    "task of its own and returns its final answer. Write the brief as you would for a "
+    "colleague who has seen nothing of this conversation: the goal, what you know, what "
+    "to return. Several delegate calls in one response run at the same time.",
+    _schema(
+        {
+            "agent": {"type": "string", "description": "The subagent to delegate to."},
+            "brief": {"type": "string", "description": "The work, in full."},
+        },
+        ["agent", "brief"],
+    ),
+)
+
 BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     BASH,
     READ_FILE,
@@ -169,6 +187,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     MEMORY_SEARCH,
     MEMORY_SAVE,
     SKILL,
+    DELEGATE,
 )
 BUILTIN_BY_NAME = {tool.name: tool for tool in BUILTIN_TOOLS}
 
@@ -178,6 +197,7 @@ DEFAULT_PERMISSIONS: dict[str, Permission] = {
     "memory_search": "allow",
     "memory_save": "allow",
     "skill": "allow",
+    "delegate": "allow",
     "read_file": "allow",
     "list_dir": "allow",
     "bash": "ask",

@@ -21,6 +21,7 @@ from holdfast_loop_worker.executions import ExecutionRun
 from holdfast_loop_worker.hitl import Answer, Kind, Question
 from holdfast_loop_worker.steering import Steer
 from holdfast_loop_worker.stopping import TurnStop
+from holdfast_loop_worker.subagents import Child
 from holdfast_loop_worker.trajectory import TurnEnding
 from holdfast_loop_worker.turn.handle import (
     EndingTurn,
@@ -171,6 +172,9 @@ class FakeTurn:
     async def start_following(self) -> None:
         self.calls.append(("start_following", None))
 
+    async def stop_children(self) -> None:
+        self.calls.append(("stop_children", None))
+
     @property
     def retry_attempts(self) -> int:
         return 1
@@ -243,6 +247,19 @@ class FakeTurn:
     async def skill(self, tool_input: dict[str, Any]) -> ToolOutcome:
         self.calls.append(("skill", dict(tool_input)))
         return ToolOutcome(output={"skill": tool_input.get("name")})
+
+    # No subagents here: tests/e2e/test_subagents.py runs them on the engine.
+    subagent_names: tuple[str, ...] = ()
+    max_subagents = 4
+
+    async def start_child(self, agent: str, brief: str, tool_call_id: str) -> Child:
+        raise AssertionError("the fake turn has no subagents")
+
+    def child_events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]:
+        raise AssertionError("the fake turn has no subagents")
+
+    async def child_answer(self, child: Child) -> str:
+        raise AssertionError("the fake turn has no subagents")
 
 
 def _implements(

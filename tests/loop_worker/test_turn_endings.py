@@ -124,6 +124,8 @@ async def test_a_failure_logs_usage_error_and_end_then_frees_the_task() -> None:
     assert [name for name, _ in turn.calls] == [
         "finish_events",
         "record_end",
+        # A failed turn's subagents are cancelled: nothing waits for them.
+        "stop_children",
         "end_execution",
         "start_following",
     ]

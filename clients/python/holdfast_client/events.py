@@ -20,6 +20,22 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 BlockType = Literal["text", "thinking", "tool_use"]
 
 
+class SubagentOrigin(BaseModel):
+    """Where an event of a subagent's child task, mirrored into its parent's
+    stream, comes from. ``task_id``, ``agent`` and ``depth`` name the task it was
+    born in (a grandchild's keeps the grandchild's); ``tool_call_id`` is the
+    parent's ``delegate`` call it came through, ``seq`` its seq in that call's
+    child's log (absent on ``subagent_started``/``subagent_completed``)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    task_id: str
+    agent: str
+    depth: int
+    tool_call_id: str
+    seq: int | None = None
+
+
 class BaseEvent(BaseModel):
     """The envelope every event carries; fields a newer server adds are kept."""
 
@@ -32,6 +48,8 @@ class BaseEvent(BaseModel):
     seq: int = 0
     # Epoch milliseconds, strictly increasing per task.
     timestamp: int = 0
+    # Set on a subagent's event in its parent's stream (its text is not the parent's).
+    subagent: SubagentOrigin | None = None
 
 
 class ThreadLifecycle(BaseEvent):
@@ -219,6 +237,8 @@ class Usage(BaseEvent):
     # True when a model call of the turn reported no usage, or an implausible one
     # (a local server's constant), and was counted from the engine's estimates.
     estimated: bool | None = None
+    # The subagents' usage so far, by child task name (each child counts its own).
+    subagents: dict[str, dict[str, int]] | None = None
 
 
 class Result(BaseEvent):
@@ -246,6 +266,23 @@ class Artifact(BaseEvent):
     download: str
 
 
+class SubagentStarted(BaseEvent):
+    """The turn delegated to a subagent (``subagent`` names it and the call): the
+    child's events follow, each with ``subagent`` set, until ``subagent_completed``."""
+
+    type: Literal["subagent_started"] = "subagent_started"
+    brief: str
+
+
+class SubagentCompleted(BaseEvent):
+    """The subagent's turn ended; its ``answer`` is the ``delegate`` call's result."""
+
+    type: Literal["subagent_completed"] = "subagent_completed"
+    status: str
+    stop_reason: str | None = None
+    answer: str = ""
+
+
 class UnknownEvent(BaseEvent):
     """An event type this client does not know: its fields are in ``model_extra``."""
 
@@ -270,7 +307,9 @@ KnownEvent = Annotated[
     | Heartbeat
     | Usage
     | Result
-    | Artifact,
+    | Artifact
+    | SubagentStarted
+    | SubagentCompleted,
     Field(discriminator="type"),
 ]
 Event = (
@@ -294,6 +333,8 @@ Event = (
     | Usage
     | Result
     | Artifact
+    | SubagentStarted
+    | SubagentCompleted
     | UnknownEvent
 )
 
@@ -321,6 +362,8 @@ _MODELS: dict[str, type[BaseEvent]] = {
         Usage,
         Result,
         Artifact,
+        SubagentStarted,
+        SubagentCompleted,
     )
 }
 EVENT_TYPES = frozenset(_MODELS)

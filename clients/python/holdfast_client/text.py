@@ -17,7 +17,9 @@ class TurnText:
     the interrupted attempt followed by the full one. :attr:`discarded`
     holds the seqs taken back, for a display that has printed them already.
     A turn sent with an ``output_schema`` ends with its validated answer in
-    :attr:`result` (from its ``result`` event; None before it).
+    :attr:`result` (from its ``result`` event; None before it). A subagent's
+    events in the stream (``subagent`` set) are its child task's, not the
+    turn's: they are left out (its answer is the ``delegate`` call's result).
     """
 
     def __init__(self) -> None:
@@ -29,6 +31,8 @@ class TurnText:
 
     def feed(self, event: Event) -> list[int]:
         """Take in one event; the seqs it discards (already fed), if it is a ``turn_resumed``."""
+        if event.subagent is not None:
+            return []
         kind = event.type
         if kind == "text_delta":
             self._pieces.append((event.seq, False, cast(TextDelta, event).text))

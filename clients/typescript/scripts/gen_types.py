@@ -182,14 +182,24 @@ def render(spec: Schema) -> dict[str, str]:
         + "".join(f"  {_literal(kind)},\n" for kind in sorted(mapping))
         + "] as const;\n"
     )
+    # What the events refer to (``SubagentOrigin``) is part of the catalogue.
+    parts: set[str] = set()
+    todo = set().union(*(_refs(schemas[n]) for n in event_names)) - set(event_names)
+    while todo:
+        name = todo.pop()
+        parts.add(name)
+        todo |= _refs(schemas[name]) - parts - set(event_names)
+    for name in sorted(parts):
+        events.append("\n" + declaration(name, schemas[name], event=False))
     for name in event_names:
         events.append("\n" + declaration(name, schemas[name], event=True))
     events.append(
         "\n/** Any event of the catalogue; narrow it on `type`. */\n"
         f"export type Event = {' | '.join(event_names)};\n"
     )
-    others = sorted(n for n in schemas if n not in event_names and n != "Event")
-    used = set().union(*(_refs(schemas[n]) for n in others)) & (set(event_names) | {"Event"})
+    in_events = set(event_names) | parts
+    others = sorted(n for n in schemas if n not in in_events and n != "Event")
+    used = set().union(*(_refs(schemas[n]) for n in others)) & (in_events | {"Event"})
     api = [HEADER]
     if used:
         api.append(f'\nimport type {{ {", ".join(sorted(used))} }} from "./events.js";\n')

@@ -18,7 +18,10 @@
  * `hitl_resolved` is the output); `usage` message metadata; a model call that
  * was cut off and made again (`turn_resumed` with a discard range) a
  * `reset-step`, which takes back what that call had shown; an `artifact` (a file
- * a tool wrote under `outputs/`) a `data-holdfast_artifact` part with its download path.
+ * a tool wrote under `outputs/`) a `data-holdfast_artifact` part with its download path;
+ * a subagent (the `delegate` tool) a `data-holdfast_subagent` part, updated from
+ * `subagent_started` to `subagent_completed` (its child task's own events are not
+ * the chat's: follow the child's task for them).
  */
 
 import type { ChatTransport, FinishReason, UIMessage, UIMessageChunk } from "ai";
@@ -32,6 +35,8 @@ import type { Event } from "./generated/events.js";
 export const HITL_TOOL = "holdfast_hitl";
 /** The data part of a file a tool wrote under `outputs/` (`data-holdfast_artifact`). */
 export const ARTIFACT_PART = "holdfast_artifact";
+/** The data part of a subagent the turn delegated to (`data-holdfast_subagent`). */
+export const SUBAGENT_PART = "holdfast_subagent";
 
 export interface HoldfastChatTransportOptions {
   client: HoldfastClient;
@@ -129,6 +134,25 @@ export class ChunkMapper {
 
   map(event: Event): UIMessageChunk[] {
     const out: UIMessageChunk[] = [];
+    if (event.subagent != null) {
+      if (event.type === "subagent_started" || event.type === "subagent_completed") {
+        const { task_id, agent, depth, tool_call_id } = event.subagent;
+        const done = event.type === "subagent_completed";
+        out.push({
+          type: `data-${SUBAGENT_PART}`,
+          id: `subagent:${tool_call_id}`,
+          data: {
+            task_id,
+            agent,
+            depth,
+            tool_call_id,
+            status: done ? event.status : "running",
+            answer: done ? event.answer : null,
+          },
+        });
+      }
+      return out;
+    }
     switch (event.type) {
       case "thread_lifecycle":
         if (event.phase === "started") {

@@ -17,7 +17,8 @@ export function discards(resumed: TurnResumed, seq: number): boolean {
  * a model call that was cut off and run again from its start), the deltas in
  * that range are removed, so `text` is what the model finally said, not the
  * interrupted attempt followed by the full one. `discarded` holds the seqs
- * taken back, for a display that has shown them already.
+ * taken back, for a display that has shown them already. A subagent's events
+ * (`subagent` set) are its child task's, not the turn's: they are left out.
  */
 export class TurnText {
   readonly discarded = new Set<number>();
@@ -25,6 +26,7 @@ export class TurnText {
 
   /** Take in one event; the seqs it discards, if it is a `turn_resumed`. */
   feed(event: Event): number[] {
+    if (event.subagent != null) return [];
     if (event.type === "text_delta" || event.type === "thinking_delta") {
       this.pieces.push({ seq: event.seq, thinking: event.type === "thinking_delta", text: event.text });
       return [];

@@ -54,6 +54,7 @@ from holdfast_loop_worker.hitl import HumanChannel
 from holdfast_loop_worker.inbox import Inbox
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.recovery import queue_resume, requeue_stale, requeue_unfinished
+from holdfast_loop_worker.subagents import Subagents
 from holdfast_loop_worker.toolcalls import ToolCaller
 from holdfast_loop_worker.turn import TurnContext
 from holdfast_loop_worker.turn_state import Snapshots
@@ -166,12 +167,14 @@ def _turn_context(
     # The per-turn look-ups (turn row, snapshot, steers, history, memories)
     # and the leases' one-statement updates.
     reads = autocommit_session_factory(engine)
+    eventlog = EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active)
+    lock = TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds + 600)
     return TurnContext(
         sessions=sessions,
         reads=reads,
         redis=redis,
         keys=keys,
-        eventlog=EventLog(redis, sessions, keys, hot_ttl_seconds=settings.channel_state_ttl_active),
+        eventlog=eventlog,
         providers=providers,
         snapshots=Snapshots(
             sessions,
@@ -180,7 +183,7 @@ def _turn_context(
             hitl_ttl_seconds=settings.channel_state_ttl_hitl,
         ),
         leases=leases,
-        lock=TurnLock(redis, keys, ttl_seconds=settings.turn_deadline_seconds + 600),
+        lock=lock,
         human=HumanChannel(sessions, ttl_seconds=settings.channel_state_ttl_hitl),
         tools=ToolCaller(
             redis,
@@ -197,6 +200,9 @@ def _turn_context(
         deadline_seconds=settings.turn_deadline_seconds,
         hitl_ttl_seconds=settings.channel_state_ttl_hitl,
         agent_models=settings.agent_models,
+        subagents=Subagents(sessions, redis, keys, eventlog, lock),
+        max_subagents=settings.max_subagents_per_turn,
+        max_subagent_depth=settings.max_subagent_depth,
     )
 
 

@@ -72,6 +72,9 @@ class TurnState:
     answers: int = 0
     result: dict[str, Any] | None = None
     result_errors: list[dict[str, str]] | None = None
+    # The usage of the subagents it delegated to (turn/delegation.py), by child
+    # task name: each one's last reported totals (their own rows count them).
+    subagent_usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def add_usage(self, counts: dict[str, int]) -> None:
         for name, value in counts.items():
@@ -103,6 +106,7 @@ def cut_off(boundary: TurnState, now: TurnState) -> TurnState:
     kept = boundary.copy()
     kept.active_ms = now.active_ms
     kept.usage = dict(now.usage)
+    kept.subagent_usage = dict(now.subagent_usage)
     kept.calibration = now.calibration
     return kept
 

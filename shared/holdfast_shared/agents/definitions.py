@@ -42,6 +42,7 @@ from holdfast_shared.tools import (
     BUILTIN_TOOLS,
     DEFAULT_EFFECTS,
     DEFAULT_PERMISSIONS,
+    DELEGATE,
     SKILL,
     Effect,
     Permission,
@@ -82,6 +83,8 @@ class AgentDefinition(BaseModel):
     network: bool = False
     skills: tuple[str, ...] = ()
     servers: tuple[str, ...] = ()
+    # The agents it may delegate to (the ``delegate`` tool, offered when any).
+    subagents: tuple[str, ...] = ()
     builtin: bool = False
 
     def permission(self, tool: str) -> Permission:
@@ -112,7 +115,8 @@ class AgentDefinition(BaseModel):
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         """The tools offered to the model, in the catalogue's order (stable, for caches).
 
-        ``skill`` only when the agent has skills, its ``name`` an enum of them.
+        ``skill`` only when the agent has skills, its ``name`` an enum of them;
+        ``delegate`` likewise with its subagents.
         """
         specs = []
         for tool in BUILTIN_TOOLS:
@@ -122,6 +126,10 @@ class AgentDefinition(BaseModel):
                 if not self.skills:
                     continue
                 tool = _skill_tool(self.skills)
+            elif tool.name == DELEGATE.name:
+                if not self.subagents:
+                    continue
+                tool = _delegate_tool(self.subagents)
             specs.append(tool)
         return tuple(specs)
 
@@ -132,6 +140,14 @@ def _skill_tool(skills: tuple[str, ...]) -> ToolSpec:
     schema = copy.deepcopy(SKILL.input_schema)
     schema["properties"]["name"]["enum"] = list(skills)
     return ToolSpec(SKILL.name, SKILL.description, schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _delegate_tool(subagents: tuple[str, ...]) -> ToolSpec:
+    """The ``delegate`` tool for an agent with ``subagents``: their names the only choice."""
+    schema = copy.deepcopy(DELEGATE.input_schema)
+    schema["properties"]["agent"]["enum"] = list(subagents)
+    return ToolSpec(DELEGATE.name, DELEGATE.description, schema)
 
 
 def check_tool(name: str) -> str:
@@ -226,6 +242,7 @@ class _FrontMatter(BaseModel):
     effects: dict[str, Effect] = {}
     network: bool = False
     skills: list[str] = []
+    subagents: list[str] = []
 
 
 def parse_agent_file(text: str) -> AgentDefinition:
@@ -262,6 +279,7 @@ def parse_agent_file(text: str) -> AgentDefinition:
         effects=front.effects,
         network=front.network,
         skills=tuple(front.skills),
+        subagents=tuple(dict.fromkeys(front.subagents)),
         builtin=True,
     )
 
@@ -287,4 +305,8 @@ def builtin_agents() -> Mapping[str, AgentDefinition]:
         agents[agent.name] = agent
     if DEFAULT_AGENT not in agents:
         raise ValueError(f"no built-in agent {DEFAULT_AGENT!r}")
+    for agent in agents.values():
+        unknown = [name for name in agent.subagents if name not in agents]
+        if unknown:
+            raise ValueError(f"built-in agent {agent.name}: unknown subagent {unknown[0]!r}")
     return MappingProxyType(agents)

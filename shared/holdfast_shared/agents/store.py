@@ -38,6 +38,7 @@ def from_record(row: AgentRecord) -> AgentDefinition:
         network=row.network,
         skills=tuple(row.skills),
         servers=tuple(row.servers),
+        subagents=tuple(row.subagents or ()),
         builtin=False,
     )
 

@@ -94,6 +94,10 @@ class Task(Base):
     token_calibration: Mapped[float | None] = mapped_column(Float)
     agent: Mapped[str | None] = mapped_column(String(128))
     model: Mapped[str | None] = mapped_column(String(200))
+    # A subagent's task: the task whose turn delegated to it (its ``id``), and
+    # how deep it is (0: a task a client started; 1: its child; ...).
+    parent_task_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    depth: Mapped[int] = mapped_column(Integer, server_default=sql("0"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -538,6 +542,8 @@ class AgentRecord(Base):
     skills: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
     # Asset Directory servers whose tools the agent may use.
     servers: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
+    # The agents it may delegate to (the ``delegate`` tool).
+    subagents: Mapped[list[str]] = mapped_column(JSONB, server_default=sql("'[]'::jsonb"))
     # {tool: "allow" | "ask" | "deny"}
     permissions: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=sql("'{}'::jsonb"))
     # {tool | server__tool | server__* | bash:<glob>: read_only | idempotent | effectful}

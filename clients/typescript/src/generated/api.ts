@@ -8,6 +8,7 @@ export interface Agent {
   tools: string[];
   skills: string[];
   servers: string[];
+  subagents: string[];
   permissions: { [key: string]: "allow" | "ask" | "deny" };
   /** the effect class of each of its tools a tool-runner runs, and its rules for others (server tools, bash command patterns) */
   effects: { [key: string]: "read_only" | "idempotent" | "effectful" };
@@ -28,10 +29,12 @@ export interface AgentSpec {
   /** the agent's system prompt: the first section of the model's context */
   system_prompt: string;
   model?: string | null;
-  tools?: ("bash" | "read_file" | "write_file" | "edit_file" | "list_dir" | "ask_user" | "working_memory" | "memory_search" | "memory_save" | "skill")[] | null;
+  tools?: ("bash" | "read_file" | "write_file" | "edit_file" | "list_dir" | "ask_user" | "working_memory" | "memory_search" | "memory_save" | "skill" | "delegate")[] | null;
   skills?: string[];
   /** Asset Directory servers whose tools it may use */
   servers?: string[];
+  /** agents (built-in or the tenant's) it may delegate work to with the delegate tool, each in a child task */
+  subagents?: string[];
   /** allow, ask or deny per tool (default: reads allow, the rest ask); for a tool of one of its servers, by `server__tool` or `server__*` (default: allow for a tool the server marks read-only, else ask); an operator's HOLDFAST_TOOL_PERMISSIONS wins */
   permissions?: {
     bash?: "allow" | "ask" | "deny";
@@ -44,6 +47,7 @@ export interface AgentSpec {
     memory_search?: "allow" | "ask" | "deny";
     memory_save?: "allow" | "ask" | "deny";
     skill?: "allow" | "ask" | "deny";
+    delegate?: "allow" | "ask" | "deny";
   };
   /** read_only, idempotent or effectful per tool: what the engine may do when a call's outcome is unknown (a read-only or idempotent call runs again with the same idempotency key; an effectful one is settled by a person). By tool (default: read_file and list_dir read_only, write_file idempotent, bash and edit_file effectful), `bash:<glob>` for the bash commands matching a glob, `server__tool` or `server__*` (default: from the tool's MCP annotations) */
   effects?: {
@@ -64,6 +68,7 @@ export interface AgentSummary {
   tools: string[];
   skills: string[];
   servers: string[];
+  subagents: string[];
   permissions: { [key: string]: "allow" | "ask" | "deny" };
   /** the effect class of each of its tools a tool-runner runs, and its rules for others (server tools, bash command patterns) */
   effects: { [key: string]: "read_only" | "idempotent" | "effectful" };
@@ -395,10 +400,12 @@ export interface NewAgent {
   /** the agent's system prompt: the first section of the model's context */
   system_prompt: string;
   model?: string | null;
-  tools?: ("bash" | "read_file" | "write_file" | "edit_file" | "list_dir" | "ask_user" | "working_memory" | "memory_search" | "memory_save" | "skill")[] | null;
+  tools?: ("bash" | "read_file" | "write_file" | "edit_file" | "list_dir" | "ask_user" | "working_memory" | "memory_search" | "memory_save" | "skill" | "delegate")[] | null;
   skills?: string[];
   /** Asset Directory servers whose tools it may use */
   servers?: string[];
+  /** agents (built-in or the tenant's) it may delegate work to with the delegate tool, each in a child task */
+  subagents?: string[];
   /** allow, ask or deny per tool (default: reads allow, the rest ask); for a tool of one of its servers, by `server__tool` or `server__*` (default: allow for a tool the server marks read-only, else ask); an operator's HOLDFAST_TOOL_PERMISSIONS wins */
   permissions?: {
     bash?: "allow" | "ask" | "deny";
@@ -411,6 +418,7 @@ export interface NewAgent {
     memory_search?: "allow" | "ask" | "deny";
     memory_save?: "allow" | "ask" | "deny";
     skill?: "allow" | "ask" | "deny";
+    delegate?: "allow" | "ask" | "deny";
   };
   /** read_only, idempotent or effectful per tool: what the engine may do when a call's outcome is unknown (a read-only or idempotent call runs again with the same idempotency key; an effectful one is settled by a person). By tool (default: read_file and list_dir read_only, write_file idempotent, bash and edit_file effectful), `bash:<glob>` for the bash commands matching a glob, `server__tool` or `server__*` (default: from the tool's MCP annotations) */
   effects?: {

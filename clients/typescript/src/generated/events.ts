@@ -12,6 +12,8 @@ export const EVENT_TYPES = [
   "hitl_request",
   "hitl_resolved",
   "result",
+  "subagent_completed",
+  "subagent_started",
   "text_delta",
   "thinking_delta",
   "thread_lifecycle",
@@ -26,6 +28,25 @@ export const EVENT_TYPES = [
 ] as const;
 
 /**
+ * Where a mirrored event comes from: a child task the turn delegated to.
+ *
+ * ``task_id``, ``agent`` and ``depth`` (1: a child of the task a client
+ * started, 2: its child, ...) are the task the event was born in: a
+ * grandchild's event mirrored through its parent keeps the grandchild's.
+ * ``tool_call_id`` is the ``delegate`` call of this turn it came through
+ * and ``seq`` its seq in that call's child's log (absent on
+ * ``subagent_started`` and ``subagent_completed``). A mirrored event's own
+ * ``seq`` is the parent's: a client following the parent resumes from it.
+ */
+export interface SubagentOrigin {
+  task_id: string;
+  agent: string;
+  depth: number;
+  tool_call_id: string;
+  seq?: number | null;
+}
+
+/**
  * A file a tool call wrote under the workspace's ``outputs/``: the agent's
  * output for the client, after the call's ``tool_result``. ``download`` is its
  * path on the API (``GET /tasks/{task_id}/files/{path}``).
@@ -36,6 +57,7 @@ export interface Artifact {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   tool_call_id: string;
   path: string;
   name: string;
@@ -59,6 +81,7 @@ export interface CompactionEvent {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   summarized_messages: number;
   summary_tokens?: number | null;
   tokens_before?: number | null;
@@ -71,6 +94,7 @@ export interface ContentBlockStart {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   block_index: number;
   block_type: "text" | "thinking" | "tool_use";
 }
@@ -81,6 +105,7 @@ export interface ContentBlockStop {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   block_index: number;
   block_type: "text" | "thinking" | "tool_use";
 }
@@ -91,6 +116,7 @@ export interface ErrorEvent {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   error: string;
   message: string;
   details?: { [key: string]: unknown } | null;
@@ -102,6 +128,7 @@ export interface Heartbeat {
   turn_id?: string | null;
   seq?: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
 }
 
 export interface HitlRequest {
@@ -110,6 +137,7 @@ export interface HitlRequest {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   request_id: string;
   kind: "permission" | "question" | "outcome_unknown" | "elicitation";
   question: string;
@@ -124,6 +152,7 @@ export interface HitlResolved {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   request_id: string;
   answer?: string | null;
 }
@@ -140,8 +169,41 @@ export interface Result {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   result: unknown;
   attempts: number;
+}
+
+/**
+ * The child task's turn ended: ``status`` (``completed``, ``errored``,
+ * ``cancelled``) and its answer, which is the ``delegate`` call's result.
+ */
+export interface SubagentCompleted {
+  type: "subagent_completed";
+  task_id: string;
+  turn_id: string | null;
+  seq: number;
+  timestamp: number;
+  subagent?: SubagentOrigin | null;
+  status: string;
+  stop_reason?: string | null;
+  answer: string;
+}
+
+/**
+ * The turn delegated to a child task (the ``delegate`` tool's call
+ * ``subagent.tool_call_id``): its events follow, each with ``subagent`` set,
+ * until ``subagent_completed``. The child is a task of its own
+ * (``GET /tasks/{subagent.task_id}``).
+ */
+export interface SubagentStarted {
+  type: "subagent_started";
+  task_id: string;
+  turn_id: string | null;
+  seq: number;
+  timestamp: number;
+  subagent?: SubagentOrigin | null;
+  brief: string;
 }
 
 export interface TextDelta {
@@ -150,6 +212,7 @@ export interface TextDelta {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   text: string;
 }
 
@@ -159,6 +222,7 @@ export interface ThinkingDelta {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   text: string;
 }
 
@@ -179,6 +243,7 @@ export interface ThreadLifecycle {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   phase: "started" | "completed" | "errored";
   stop_reason?: string | null;
   fork_id?: string | null;
@@ -192,6 +257,7 @@ export interface ToolCall {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   tool: string;
   tool_call_id: string;
   input: { [key: string]: unknown };
@@ -211,6 +277,7 @@ export interface ToolOutcomeUnknown {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   tool_call_id: string;
   tool: string;
   input: { [key: string]: unknown };
@@ -234,6 +301,7 @@ export interface ToolProgress {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   tool_call_id: string;
   progress: number;
   total?: number | null;
@@ -246,6 +314,7 @@ export interface ToolResult {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   tool_call_id: string;
   output?: unknown;
   error?: string | null;
@@ -267,6 +336,7 @@ export interface TurnResumed {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   reason: string;
   discard_from_seq?: number | null;
   discard_to_seq?: number | null;
@@ -278,6 +348,7 @@ export interface Usage {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   input_tokens: number;
   output_tokens: number;
   cache_creation_input_tokens: number;
@@ -286,6 +357,7 @@ export interface Usage {
   model?: string | null;
   active_seconds: number;
   estimated?: boolean | null;
+  subagents?: { [key: string]: { [key: string]: number } } | null;
 }
 
 /**
@@ -303,6 +375,7 @@ export interface UserMessage {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   text: string;
   message_id: string;
   steer: boolean;
@@ -316,9 +389,10 @@ export interface WorkingMemoryUpdate {
   turn_id: string | null;
   seq: number;
   timestamp: number;
+  subagent?: SubagentOrigin | null;
   key: string;
   value?: unknown;
 }
 
 /** Any event of the catalogue; narrow it on `type`. */
-export type Event = Artifact | CompactionEvent | ContentBlockStart | ContentBlockStop | ErrorEvent | Heartbeat | HitlRequest | HitlResolved | Result | TextDelta | ThinkingDelta | ThreadLifecycle | ToolCall | ToolOutcomeUnknown | ToolProgress | ToolResult | TurnResumed | Usage | UserMessage | WorkingMemoryUpdate;
+export type Event = Artifact | CompactionEvent | ContentBlockStart | ContentBlockStop | ErrorEvent | Heartbeat | HitlRequest | HitlResolved | Result | SubagentCompleted | SubagentStarted | TextDelta | ThinkingDelta | ThreadLifecycle | ToolCall | ToolOutcomeUnknown | ToolProgress | ToolResult | TurnResumed | Usage | UserMessage | WorkingMemoryUpdate;

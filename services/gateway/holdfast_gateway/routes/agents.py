@@ -33,6 +33,7 @@ from holdfast_shared.agents import (
     check_tool,
     custom_agents,
     effective_permissions,
+    find_agent,
     from_record,
     server_of_rule,
     unknown_servers,
@@ -48,6 +49,7 @@ from holdfast_shared.modelspec import MODEL_SPEC_PATTERN, parse_model_spec
 from holdfast_shared.tools import (
     BUILTIN_BY_NAME,
     DEFAULT_EFFECTS,
+    DELEGATE,
     EFFECTS,
     SKILL,
     Effect,
@@ -137,6 +139,14 @@ class AgentSpec(BaseModel):
         list[Name],
         Field(max_length=MAX_ITEMS, description="Asset Directory servers whose tools it may use"),
     ] = []
+    subagents: Annotated[
+        list[Name],
+        Field(
+            max_length=MAX_ITEMS,
+            description="agents (built-in or the tenant's) it may delegate work to with the "
+            "delegate tool, each in a child task",
+        ),
+    ] = []
     permissions: Annotated[
         dict[PermissionKey, Permission],
         Field(
@@ -190,6 +200,7 @@ class AgentSummary(BaseModel):
     tools: list[str]
     skills: list[str]
     servers: list[str]
+    subagents: list[str]
     permissions: dict[str, Permission]
     effects: Annotated[
         dict[str, Effect],
@@ -230,6 +241,7 @@ def _describe(
         "tools": list(agent.tools),
         "skills": list(agent.skills),
         "servers": list(agent.servers),
+        "subagents": list(agent.subagents),
         "permissions": dict(agent.permissions),
         "effects": agent.tool_effects(server_tools or ()),
         "network": agent.network,
@@ -264,11 +276,17 @@ def _refuse_builtin(name: str) -> None:
         )
 
 
-async def _check_references(state: StateDep, tenant: str, spec: AgentSpec) -> None:
-    """422 naming each skill and server the tenant does not have."""
+async def _check_references(state: StateDep, tenant: str, name: str, spec: AgentSpec) -> None:
+    """422 naming each skill, server and subagent the tenant does not have (an
+    agent may name itself as a subagent: delegation depth bounds it)."""
     async with state.sessions() as session:
         skills = await unknown_skills(session, tenant, spec.skills)
         servers = await unknown_servers(session, tenant, spec.servers)
+        agents = [
+            other
+            for other in dict.fromkeys(spec.subagents)
+            if other != name and await find_agent(session, tenant, other) is None
+        ]
     problems = [
         {
             "loc": ["body", field, str(names.index(name))],
@@ -278,6 +296,7 @@ async def _check_references(state: StateDep, tenant: str, spec: AgentSpec) -> No
         for field, kind, names, unknown in (
             ("skills", "skill", spec.skills, skills),
             ("servers", "server", spec.servers, servers),
+            ("subagents", "agent", spec.subagents, agents),
         )
         for name in unknown
     ]
@@ -305,6 +324,8 @@ def _values(spec: AgentSpec) -> dict[str, Any]:
         tools = list(builtin_agents()[DEFAULT_AGENT].tools)
     if spec.skills and SKILL.name not in tools:
         tools.append(SKILL.name)  # skills are used through it: an agent with skills has it
+    if spec.subagents and DELEGATE.name not in tools:
+        tools.append(DELEGATE.name)  # likewise for its subagents
     return {
         "description": spec.description,
         "system_prompt": spec.system_prompt,
@@ -312,6 +333,7 @@ def _values(spec: AgentSpec) -> dict[str, Any]:
         "tools": tools,
         "skills": list(dict.fromkeys(spec.skills)),
         "servers": list(dict.fromkeys(spec.servers)),
+        "subagents": list(dict.fromkeys(spec.subagents)),
         "permissions": effective_permissions(tools, spec.permissions),
         "effects": dict(spec.effects),
         "network": spec.network,
@@ -355,7 +377,7 @@ async def create_agent(
             f"{body.name!r} is the name of a built-in agent; choose another",
             {"agent": body.name},
         )
-    await _check_references(state, tenant, body)
+    await _check_references(state, tenant, body.name, body)
     async with state.sessions.begin() as session:
         row = await session.scalar(
             insert(AgentRecord)
@@ -401,7 +423,7 @@ async def replace_agent(
     state: StateDep, tenant: TenantDep, name: _NAME, body: Annotated[AgentSpec, Body()]
 ) -> dict[str, Any]:
     _refuse_builtin(name)
-    await _check_references(state, tenant, body)
+    await _check_references(state, tenant, name, body)
     async with state.sessions.begin() as session:
         row = await session.scalar(
             update(AgentRecord)

@@ -119,6 +119,8 @@ async def end(turn: EndingTurn, status: str, stop_reason: str | None, last: list
     else:
         await turn.finish_events(last)
     await turn.record_end(ending)
+    # Nothing waits for its subagents any more (a cancel, a deadline, a failure).
+    await turn.stop_children()
     await turn.end_execution(status, last)
     # The task is free: a message that waited for this turn starts now.
     await turn.start_following()
@@ -151,4 +153,5 @@ def usage_so_far(turn: TurnHandle, *, record: bool = False) -> Usage:
         model=turn.model_label,
         active_seconds=turn.active_ms() / 1000,
         estimated=True if u.get(ESTIMATED_CALLS) else None,
+        subagents=dict(turn.state.subagent_usage) or None,
     )

@@ -30,8 +30,20 @@ from holdfast_loop_worker.context.budget import Overflow
 from holdfast_loop_worker.hitl import Answer, Kind, Question
 from holdfast_loop_worker.steering import Steer
 from holdfast_loop_worker.stopping import TurnStop
+from holdfast_loop_worker.subagents import Child, ChildEnd
 from holdfast_loop_worker.trajectory import TurnEnding
 from holdfast_loop_worker.turn_state import PendingCall, TurnState
+
+
+@dataclass
+class SubagentsSeen:
+    """One delegate call's child, as this turn's log shows it after the last snapshot."""
+
+    started: bool = False
+    # The child's last seq mirrored (0: none).
+    cursor: int = 0
+    # Its ``subagent_completed``, once logged: the call's result is decided.
+    end: ChildEnd | None = None
 
 
 @dataclass
@@ -49,6 +61,10 @@ class Seen:
     hitl_resolved: set[str] = field(default_factory=set)
     # Steering messages whose user_message event is logged already.
     steers: set[str] = field(default_factory=set)
+    # Delegate calls' children, by call id (turn/delegation.py).
+    subagents: dict[str, SubagentsSeen] = field(default_factory=dict)
+    # Their usage events' counts, by the task each was born in.
+    subagent_usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class TurnHandle(Protocol):
@@ -145,6 +161,17 @@ class ToolTurn(AskingTurn, Protocol):
     async def memory_search(self, tool_input: Mapping[str, Any]) -> ToolOutcome: ...
     async def memory_save(self, tool_input: Mapping[str, Any]) -> ToolOutcome: ...
     async def skill(self, tool_input: dict[str, Any]) -> ToolOutcome: ...
+    # The delegate route (delegation.py).
+    @property
+    def subagent_names(self) -> tuple[str, ...]: ...
+    @property
+    def max_subagents(self) -> int: ...
+    async def start_child(self, agent: str, brief: str, tool_call_id: str) -> Child:
+        """The call's child task, started or found (DepthExceeded past the limit)."""
+
+    def child_events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]: ...
+    async def child_answer(self, child: Child) -> str:
+        """The text of the child's last assistant message ("" when none)."""
 
 
 class ParkingTurn(AskingTurn, Protocol):
@@ -173,3 +200,5 @@ class EndingTurn(TurnHandle, Protocol):
     async def record_end(self, ending: TurnEnding) -> None: ...
     async def end_execution(self, status: str, last: list[Any]) -> None: ...
     async def start_following(self) -> None: ...
+    async def stop_children(self) -> None:
+        """Cancel the turns of the subagents it started that are still under way."""

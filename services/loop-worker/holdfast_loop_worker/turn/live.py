@@ -50,6 +50,7 @@ from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.skills import TurnSkills
 from holdfast_loop_worker.steering import Steer, pending_steers, start_following
 from holdfast_loop_worker.stopping import TurnStop
+from holdfast_loop_worker.subagents import Child, DepthExceeded, Parent, Subagents
 from holdfast_loop_worker.toolcalls import CallContext, ToolCaller
 from holdfast_loop_worker.trajectory import TurnEnding, announce, trajectory_insert
 from holdfast_loop_worker.turn.handle import Seen
@@ -92,6 +93,10 @@ class TurnContext:
     context: ContextEngine
     agent_models: dict[str, str] = field(default_factory=dict)
     retry_attempts: int = 4
+    # Child tasks of delegate calls (None: this worker offers no delegation).
+    subagents: Subagents | None = None
+    max_subagents: int = 4
+    max_subagent_depth: int = 2
 
 
 class LiveTurn:
@@ -520,6 +525,39 @@ class LiveTurn:
             attempts=self.ctx.retry_attempts,
             usage=self.state.usage,
         )
+
+    @property
+    def subagent_names(self) -> tuple[str, ...]:
+        return self.definition_resolved.subagents if self.ctx.subagents is not None else ()
+
+    @property
+    def max_subagents(self) -> int:
+        return self.ctx.max_subagents
+
+    async def start_child(self, agent: str, brief: str, tool_call_id: str) -> Child:
+        children = self.ctx.subagents
+        assert children is not None, "delegate calls are routed only with subagents"
+        job = self.job
+        depth = await children.depth_of(job.task_id)
+        if depth + 1 > self.ctx.max_subagent_depth:
+            raise DepthExceeded(
+                f"this task is a subagent {depth} deep already: HOLDFAST_MAX_SUBAGENT_DEPTH "
+                f"({self.ctx.max_subagent_depth}) allows no deeper delegation; do the work yourself"
+            )
+        parent = Parent(job.tenant_id, job.task_id, job.turn_id, self.user_id, self.model, depth)
+        return await children.start(parent, agent, brief, tool_call_id)
+
+    def child_events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]:
+        assert self.ctx.subagents is not None
+        return self.ctx.subagents.events(child, after_seq)
+
+    async def child_answer(self, child: Child) -> str:
+        assert self.ctx.subagents is not None
+        return await self.ctx.subagents.answer(child)
+
+    async def stop_children(self) -> None:
+        if self.ctx.subagents is not None:
+            await self.ctx.subagents.stop_children(self.job.tenant_id, self.job.task_id)
 
     @property
     def _brain(self) -> Brain:

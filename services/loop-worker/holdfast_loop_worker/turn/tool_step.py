@@ -3,8 +3,11 @@ sent back as the next message.
 
 :data:`ROUTES` is where a tool name decides who answers the call: the loop
 itself (``ask_user``, ``working_memory``), the turn's skills (``skill``), the
-memory (``memory_search``, ``memory_save``), or a tool-runner (every other
-name: the sandbox's built-ins and the Asset Directory servers' tools). Before
+memory (``memory_search``, ``memory_save``), a subagent's child task
+(``delegate``: ``delegation.py``; a response's delegate calls run at once,
+before the others, up to ``HOLDFAST_MAX_SUBAGENTS_PER_TURN``), or a
+tool-runner (every other name: the sandbox's built-ins and the Asset
+Directory servers' tools). Before
 any route, a call must name a tool the agent has; a route marked ``policed``
 asks the agent's permission policy first (``allow``, ``ask``: a prompt to the
 user, ``deny``). A tool-runner call whose outcome stays unknown (an effectful
@@ -14,6 +17,7 @@ one: ``toolcalls.py`` runs the others again) is settled by a person
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -23,8 +27,16 @@ from urllib.parse import quote
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.events import Artifact, ToolResult
 from holdfast_shared.jobs import ToolOutcome, WorkspaceFile
-from holdfast_shared.tools import ASK_USER, MEMORY_SAVE, MEMORY_SEARCH, SKILL, WORKING_MEMORY
+from holdfast_shared.tools import (
+    ASK_USER,
+    DELEGATE,
+    MEMORY_SAVE,
+    MEMORY_SEARCH,
+    SKILL,
+    WORKING_MEMORY,
+)
 
+from holdfast_loop_worker.turn.delegation import delegate
 from holdfast_loop_worker.turn.handle import ToolTurn
 from holdfast_loop_worker.turn.hitl import ask_user, permission, settle_unknown
 from holdfast_loop_worker.turn_state import PendingCall
@@ -36,6 +48,7 @@ class Route(StrEnum):
     SKILL = "skill"
     MEMORY_SEARCH = "memory_search"
     MEMORY_SAVE = "memory_save"
+    DELEGATE = "delegate"
     TOOL_RUNNER = "tool_runner"
 
 
@@ -58,6 +71,9 @@ ROUTES: Mapping[str, Routing] = {
     SKILL.name: Routing(Route.SKILL, policed=True, snapshot_each=True),
     MEMORY_SEARCH.name: Routing(Route.MEMORY_SEARCH, policed=True, snapshot_each=True),
     MEMORY_SAVE.name: Routing(Route.MEMORY_SAVE, policed=True, snapshot_each=True),
+    # Its child task keeps the outcome, and what it mirrored is in the log
+    # (resume.py reads it back): nothing for a snapshot to add.
+    DELEGATE.name: Routing(Route.DELEGATE, policed=True, snapshot_each=False),
 }
 # Every other name: the sandbox's built-ins and the Asset Directory servers' tools.
 TOOL_RUNNER = Routing(Route.TOOL_RUNNER, policed=True, snapshot_each=False)
@@ -90,6 +106,10 @@ async def _memory_save(turn: ToolTurn, call: PendingCall, _: ServerTool | None) 
     return await turn.memory_save(call.input)
 
 
+async def _delegate(turn: ToolTurn, call: PendingCall, _: ServerTool | None) -> ToolOutcome:
+    return await delegate(turn, call)
+
+
 async def _tool_runner(
     turn: ToolTurn, call: PendingCall, server_tool: ServerTool | None
 ) -> ToolOutcome:
@@ -106,6 +126,7 @@ _HANDLERS: Mapping[Route, _Handler] = {
     Route.SKILL: _skill,
     Route.MEMORY_SEARCH: _memory_search,
     Route.MEMORY_SAVE: _memory_save,
+    Route.DELEGATE: _delegate,
     Route.TOOL_RUNNER: _tool_runner,
 }
 
@@ -125,6 +146,9 @@ def artifact(task_name: str, tool_call_id: str, published: WorkspaceFile) -> Art
 async def run_tools(turn: ToolTurn) -> None:
     """Run the pending calls not run yet, then store their results as one message."""
     state = turn.state
+    delegations = [c for c in state.pending if c.outcome is None and c.name == DELEGATE.name]
+    if delegations:
+        await _run_at_once(turn, delegations)
     for call in state.pending:
         if call.outcome is None:
             outcome = await _logged_or_run(turn, call)
@@ -146,6 +170,20 @@ async def run_tools(turn: ToolTurn) -> None:
     state.stage = "model"
     state.pending = []
     await turn.snapshot("tool_results", message=message)
+
+
+async def _run_at_once(turn: ToolTurn, calls: list[PendingCall]) -> None:
+    """``calls`` side by side, at most ``turn.max_subagents`` at a time."""
+    limit = asyncio.Semaphore(turn.max_subagents)
+
+    async def one(call: PendingCall) -> None:
+        async with limit:
+            outcome = await _logged_or_run(turn, call)
+        call.outcome = outcome.model_dump()
+
+    async with asyncio.TaskGroup() as group:
+        for call in calls:
+            group.create_task(one(call))
 
 
 async def _logged_or_run(turn: ToolTurn, call: PendingCall) -> ToolOutcome:

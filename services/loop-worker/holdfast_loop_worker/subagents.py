@@ -1,0 +1,227 @@
+"""Child tasks: starting a subagent's task, reading its log, stopping it.
+
+A ``delegate`` call (``turn/delegation.py``) runs as a *child task*: a task
+of the parent's tenant, named for the call (:func:`child_name`: the same
+name on every run of the call, so a parent resumed on another worker finds
+the child its first run started instead of starting a second), with the
+brief as its first turn's message. The child's first turn is started the
+way ``turnqueue.start_next`` starts a promoted one — rows in one
+transaction (the task, its turn with ``lease_until`` now, the message),
+then its ``started`` under a fresh epoch, then the job — so a worker that
+dies after the commit leaves a turn the stale-turn sweep announces and
+queues (``recovery._announce_promoted``), never one started twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from holdfast_shared import cancels
+from holdfast_shared.conversation import user_content
+from holdfast_shared.db.models import Message, Task, Turn
+from holdfast_shared.eventlog import EventLog, LoggedEvent, next_epoch
+from holdfast_shared.events import ThreadLifecycle, body_json
+from holdfast_shared.ids import new_id, new_task_id
+from holdfast_shared.jobs import TurnJob
+from holdfast_shared.keys import Keys
+from holdfast_shared.redisconn import BLOCK_SLICE_SECONDS
+from holdfast_shared.turnlock import TurnLock
+from holdfast_shared.turnqueue import ACTIVE, queue_turn
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """The delegating turn, as its child needs it."""
+
+    tenant_id: str
+    task_id: str
+    turn_id: str
+    user_id: str
+    model: str | None
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    task_id: str
+    name: str
+    turn_id: str
+    agent: str
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnd:
+    status: str
+    stop_reason: str | None
+    answer: str
+
+
+class DepthExceeded(Exception):
+    """Delegating would make a task deeper than ``HOLDFAST_MAX_SUBAGENT_DEPTH``."""
+
+
+class NotAChild(Exception):
+    """The call's child name is taken by a task that is not the call's child."""
+
+
+def child_name(parent: Parent, agent: str, tool_call_id: str) -> str:
+    """The child task's name: the same for every run of the one call."""
+    digest = hashlib.sha256(
+        f"{parent.task_id}/{parent.turn_id}/{tool_call_id}".encode()
+    ).hexdigest()
+    return f"{agent}.{digest[:16]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Subagents:
+    """Child tasks over the worker's stores."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    redis: Redis
+    keys: Keys
+    eventlog: EventLog
+    lock: TurnLock
+
+    async def depth_of(self, task_id: str) -> int:
+        async with self.sessions() as session:
+            depth = await session.scalar(select(Task.depth).where(Task.id == task_id))
+        return int(depth or 0)
+
+    async def start(self, parent: Parent, agent: str, brief: str, tool_call_id: str) -> Child:
+        """The call's child task with its first turn: started now, or found
+        started by an earlier run of the call."""
+        name = child_name(parent, agent, tool_call_id)
+        depth = parent.depth + 1
+        turn_id = new_id("turn")
+        async with self.sessions.begin() as session:
+            task_id = await session.scalar(
+                insert(Task)
+                .values(
+                    id=new_task_id(),
+                    tenant_id=parent.tenant_id,
+                    name=name,
+                    agent=agent,
+                    model=parent.model,
+                    parent_task_id=parent.task_id,
+                    depth=depth,
+                )
+                .on_conflict_do_nothing(constraint="uq_tasks_tenant_id_name")
+                .returning(Task.id)
+            )
+            if task_id is None:
+                return await _existing(session, parent, name, agent)
+            # A new task: nobody else holds its lock.
+            await self.lock.acquire(task_id, turn_id)
+            epoch = await next_epoch(self.redis, self.keys, task_id)
+            now = datetime.now(UTC)
+            session.add(
+                Turn(
+                    id=turn_id,
+                    task_id=task_id,
+                    status="queued",
+                    agent=agent,
+                    model=parent.model,
+                    user_id=parent.user_id,
+                    # A start that dies before its job is queued is announced and
+                    # queued by the stale-turn sweep, never removed as unaccepted.
+                    lease_until=now,
+                )
+            )
+            await session.flush()
+            session.add(
+                Message(
+                    task_id=task_id,
+                    turn_id=turn_id,
+                    position=0,
+                    role="user",
+                    content=user_content(brief, []),
+                )
+            )
+        started = ThreadLifecycle(phase="started")
+        await self.eventlog.append_bodies(
+            task_id,
+            turn_id,
+            [(started.type, body_json(started))],
+            name=name,
+            new_task=True,
+            epoch=epoch,
+        )
+        job = TurnJob(
+            task_id=task_id,
+            turn_id=turn_id,
+            tenant_id=parent.tenant_id,
+            agent=agent,
+            model=parent.model,
+        )
+        await queue_turn(self.redis, self.keys, job)
+        return Child(task_id, name, turn_id, agent, depth)
+
+    async def events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]:
+        """The child's events after ``after_seq``, in pages, waiting for more
+        when none are left (the caller stops reading at the child's end)."""
+        cursor = after_seq
+        key = self.keys.events(child.task_id)
+        while True:
+            async for page in self.eventlog.pages_after(child.task_id, cursor):
+                yield page
+                cursor = page[-1].seq
+            # Wakes on the child's next append (or after a slice, to look again).
+            await self.redis.xread(
+                {key: f"{cursor}-0"}, count=1, block=int(BLOCK_SLICE_SECONDS * 1000)
+            )
+
+    async def answer(self, child: Child) -> str:
+        """The text of the child's last assistant message ("" when none): its
+        final answer, stored before its turn's end is logged."""
+        async with self.sessions() as session:
+            content = await session.scalar(
+                select(Message.content)
+                .where(Message.turn_id == child.turn_id, Message.role == "assistant")
+                .order_by(Message.id.desc())
+                .limit(1)
+            )
+        blocks = (content or {}).get("blocks", ())
+        return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+
+    async def stop_children(self, tenant_id: str, task_id: str) -> int:
+        """Cancel the turns of ``task_id``'s children still under way (its turn
+        ended: nothing waits for them). Each child's own end stops its children."""
+        async with self.sessions() as session:
+            running = (
+                await session.execute(
+                    select(Turn.task_id, Turn.id)
+                    .join(Task, Task.id == Turn.task_id)
+                    .where(Task.parent_task_id == task_id, Turn.status.in_(ACTIVE))
+                )
+            ).all()
+        for child_task, child_turn in running:
+            await cancels.request_cancel(
+                self.redis, self.keys, self.sessions, tenant_id, child_task, child_turn
+            )
+        return len(running)
+
+
+async def _existing(session: AsyncSession, parent: Parent, name: str, agent: str) -> Child:
+    task = (
+        await session.execute(
+            select(Task.id, Task.parent_task_id, Task.depth).where(
+                Task.tenant_id == parent.tenant_id, Task.name == name
+            )
+        )
+    ).one()
+    if task[1] != parent.task_id:
+        raise NotAChild(name)
+    turn_id = await session.scalar(
+        select(Turn.id).where(Turn.task_id == task[0]).order_by(Turn.created_at).limit(1)
+    )
+    if turn_id is None:
+        raise NotAChild(name)
+    return Child(task[0], name, turn_id, agent, int(task[2]))

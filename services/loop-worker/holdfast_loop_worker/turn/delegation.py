@@ -1,0 +1,120 @@
+"""The ``delegate`` tool: a subagent works in a child task, its events
+mirrored into this turn's stream, its final answer the call's result.
+
+One call, one child (``subagents.py`` starts it, or finds the one an earlier
+run of the call started). Between ``subagent_started`` and
+``subagent_completed`` each of the child's events is logged again in this
+task's log — under this task's seq, so a client following only the parent
+gets everything in one order, gapless, and a replay from any cursor gives the
+same interleaving — with ``subagent`` saying where it came from:
+``task_id``/``agent``/``depth`` of the task it was born in (a grandchild's
+event keeps the grandchild's), ``tool_call_id`` the call of this turn it came
+through and ``seq`` its seq in that call's child's log.
+
+A turn resumed on another worker reads what it had mirrored after its last
+snapshot (``resume.py`` notes it in :class:`SubagentsSeen`) and goes on from
+the next child event: none is lost or mirrored twice. The child's
+``thread_lifecycle`` events are not mirrored (the pair above stands for
+them: a client ends its stream on a terminal ``thread_lifecycle`` of the
+turn). Several delegate calls of one response run at once, up to
+``HOLDFAST_MAX_SUBAGENTS_PER_TURN`` (``tool_step.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from holdfast_shared.events import (
+    TERMINAL_PHASES,
+    ErrorEvent,
+    SubagentCompleted,
+    SubagentOrigin,
+    SubagentStarted,
+    ThreadLifecycle,
+    Usage,
+    parse_event,
+)
+from holdfast_shared.jobs import ToolOutcome
+
+from holdfast_loop_worker.subagents import Child, ChildEnd, DepthExceeded, NotAChild
+from holdfast_loop_worker.turn.handle import SubagentsSeen, ToolTurn
+from holdfast_loop_worker.turn_state import PendingCall
+
+
+async def delegate(turn: ToolTurn, call: PendingCall) -> ToolOutcome:
+    agent, brief = call.input.get("agent"), call.input.get("brief")
+    if not isinstance(agent, str) or agent not in turn.subagent_names:
+        names = ", ".join(turn.subagent_names) or "none"
+        return ToolOutcome(error=f"unknown subagent {agent!r}; yours: {names}")
+    if not isinstance(brief, str) or not brief.strip():
+        return ToolOutcome(error="the brief is empty: say what the subagent should do")
+    try:
+        child = await turn.start_child(agent, brief, call.id)
+    except DepthExceeded as exc:
+        return ToolOutcome(error=str(exc))
+    except NotAChild as exc:
+        return ToolOutcome(error=f"the task {exc} is not this call's subagent")
+    seen = turn.seen.subagents.get(call.id) or SubagentsSeen()
+    end = seen.end
+    if end is None:
+        origin = SubagentOrigin(
+            task_id=child.name, agent=agent, depth=child.depth, tool_call_id=call.id
+        )
+        if not seen.started:
+            await turn.emit(SubagentStarted(brief=brief, subagent=origin))
+        last = await _mirror(turn, child, origin, seen.cursor)
+        answer = await turn.child_answer(child)
+        status = "cancelled" if last.stop_reason == "cancelled" else last.phase
+        end = ChildEnd(status, last.stop_reason, answer or last.error)
+        await turn.emit(
+            SubagentCompleted(
+                status=end.status, stop_reason=end.stop_reason, answer=end.answer, subagent=origin
+            )
+        )
+    if end.status == "errored":
+        return ToolOutcome(error=f"the subagent {agent} failed: {end.answer or 'no answer'}")
+    if end.status == "cancelled":
+        return ToolOutcome(error=f"the subagent {agent} was cancelled", output=end.answer or None)
+    return ToolOutcome(output=end.answer)
+
+
+@dataclass(frozen=True, slots=True)
+class _Last:
+    phase: str
+    stop_reason: str | None
+    # The child's last error's message, for an answer it never gave.
+    error: str
+
+
+def usage_counts(usage: Usage) -> dict[str, int]:
+    """A child's ``usage`` event's token counts, as the parent's usage names them."""
+    return {name: value for name in USAGE_COUNTS if (value := getattr(usage, name))}
+
+
+USAGE_COUNTS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "reasoning_tokens",
+)
+
+
+async def _mirror(turn: ToolTurn, child: Child, origin: SubagentOrigin, after: int) -> _Last:
+    """Log the child's events after ``after`` in this turn's log, up to its turn's end."""
+    error = ""
+    async for page in turn.child_events(child, after):
+        for logged in page:
+            event = parse_event(logged.data)
+            if isinstance(event, ThreadLifecycle):
+                if event.turn_id == child.turn_id and event.phase in TERMINAL_PHASES:
+                    return _Last(event.phase, event.stop_reason, error)
+                continue
+            if isinstance(event, ErrorEvent) and event.subagent is None:
+                error = f"{event.error}: {event.message}"
+            born = event.subagent or origin
+            if isinstance(event, Usage):
+                turn.state.subagent_usage[born.task_id] = usage_counts(event)
+            via = born.model_copy(update={"tool_call_id": origin.tool_call_id, "seq": logged.seq})
+            await turn.emit(event.model_copy(update={"subagent": via}))
+    raise AssertionError("a child's events end only with its turn's end")
