@@ -122,6 +122,13 @@ async def test_two_children_run_at_once_and_stream_under_the_parents_cursor(
         middle = events[len(events) // 2]["seq"]
         again = await replay(client, engine.url, key, {"task_id": task_id, "after_seq": middle})
         assert again.events == [e for e in events if e["seq"] > middle]
+        # Deleting the parent deletes its subagents' tasks.
+        headers = {"X-Engine-Key": key}
+        gone = await client.delete(f"{engine.url}/tasks/{task_id}", headers=headers)
+        assert gone.status_code == 200, gone.text
+        for child in children:
+            missing = await client.get(f"{engine.url}/tasks/{child}", headers=headers)
+            assert missing.status_code == 404, missing.text
 
 
 async def test_refusals_are_the_calls_results(

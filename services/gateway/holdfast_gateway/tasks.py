@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from holdfast_shared.db.models import Task
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 
@@ -58,3 +58,10 @@ async def lock_task(
 async def task_name(session: AsyncSession, task_id: str) -> str | None:
     """The client's name for the engine's task ``task_id``; None once it is deleted."""
     return await session.scalar(select(Task.name).where(Task.id == task_id))
+
+
+def with_subagents(task_id: str) -> Select[tuple[str]]:
+    """The ids of the task and of its subagents' tasks (``delegate``), at any depth."""
+    family = select(Task.id).where(Task.id == task_id).cte("family", recursive=True)
+    family = family.union_all(select(Task.id).where(Task.parent_task_id == family.c.id))
+    return select(family.c.id)

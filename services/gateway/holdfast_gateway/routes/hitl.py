@@ -38,12 +38,12 @@ from holdfast_shared.turnqueue import queue_turn
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import Select, select, update
+from sqlalchemy import select, update
 
 from holdfast_gateway import errors
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep
 from holdfast_gateway.errors import ApiError
-from holdfast_gateway.tasks import find_task
+from holdfast_gateway.tasks import find_task, with_subagents
 
 router = APIRouter(tags=["hitl"])
 
@@ -302,18 +302,11 @@ def _check_elicited(row: HitlRequestRecord, body: HitlAnswer) -> None:
         )
 
 
-def _task_and_subagents(task_id: str) -> Select[tuple[str]]:
-    """The ids of the task and of its subagents' tasks, at any depth: a child's
-    question shows in its parent's stream, so it is answered through the parent."""
-    family = select(Task.id).where(Task.id == task_id).cte("family", recursive=True)
-    family = family.union_all(select(Task.id).where(Task.parent_task_id == family.c.id))
-    return select(family.c.id)
-
-
 async def _find(state: StateDep, tenant: str, task_id: str, body: HitlAnswer) -> HitlRequestRecord:
     query = select(HitlRequestRecord).where(
         HitlRequestRecord.tenant_id == tenant,
-        HitlRequestRecord.task_id.in_(_task_and_subagents(task_id)),
+        # A child's question shows in its parent's stream: it is answered through the parent.
+        HitlRequestRecord.task_id.in_(with_subagents(task_id)),
     )
     if body.request_id is not None:
         query = query.where(HitlRequestRecord.request_id == body.request_id)

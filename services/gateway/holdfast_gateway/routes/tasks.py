@@ -26,11 +26,12 @@ from holdfast_shared.turnqueue import count_pending
 from holdfast_shared.working_memory import live_working_memory, stored_working_memory
 from pydantic import BaseModel
 from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_gateway import errors, taskstatus
 from holdfast_gateway.deps import StateDep, TenantDep, require_task
 from holdfast_gateway.errors import ApiError
-from holdfast_gateway.tasks import lock_task
+from holdfast_gateway.tasks import lock_task, with_subagents
 from holdfast_gateway.taskstatus import BadCursor, TaskStatus
 
 router = APIRouter(tags=["tasks"])
@@ -38,7 +39,7 @@ router = APIRouter(tags=["tasks"])
 
 @router.delete(
     "/tasks/{task_id}",
-    summary="Delete a task with its events and workspace",
+    summary="Delete a task with its events and workspace, and its subagents' tasks",
     responses=errors.responses(409),
 )
 async def delete_task(
@@ -70,20 +71,46 @@ async def delete_task(
                 f"task {task.name!r} has {waiting} messages waiting to run; wait for them to end",
                 {"task_id": task.name, "queued": waiting},
             )
+        # Its subagents' tasks go with it (a parent's end cancels their turns;
+        # one still ending is waited for, as the task's own would be).
+        children = await subagent_tasks(session, task.id)
+        for child_id, child_name in children:
+            busy = await state.lock.holder(child_id)
+            if busy is not None:
+                raise ApiError(
+                    409,
+                    ErrorCode.TURN_IN_PROGRESS,
+                    f"task {task.name!r} has a subagent task {child_name!r} whose turn is "
+                    "still running; wait for it to end",
+                    {"task_id": task.name, "subagent_task_id": child_name, "turn_id": busy},
+                )
+        ids = [task.id, *(child_id for child_id, _ in children)]
         # turns and messages go with the task (ON DELETE CASCADE); the rest is
         # keyed by task id without a foreign key (they outlive Redis, not tasks).
         for model in (EventRecord, ToolResultRecord, HitlRequestRecord, ChannelStateSnapshot):
-            await session.execute(delete(model).where(model.task_id == task.id))
-        await session.execute(delete(Task).where(Task.id == task.id))
+            await session.execute(delete(model).where(model.task_id.in_(ids)))
+        await session.execute(delete(Task).where(Task.id.in_(ids)))
     keys = state.keys
-    await state.redis.delete(*keys.task_keys(task.id))
-    await state.redis.zrem(keys.archive_dirty, task.id)
-    # The workspace lives with the tool-runners: one of them removes it. The
-    # name is free at once: a new task of that name gets a new id, so its
-    # workspace is another directory and this removal can never reach it.
-    removal = WorkspaceRemoval(tenant_id=tenant, task_id=task.id)
-    await state.redis.xadd(keys.tools, removal.to_fields())
+    for gone in ids:
+        await state.redis.delete(*keys.task_keys(gone))
+        await state.redis.zrem(keys.archive_dirty, gone)
+        # The workspace lives with the tool-runners: one of them removes it. The
+        # name is free at once: a new task of that name gets a new id, so its
+        # workspace is another directory and this removal can never reach it.
+        removal = WorkspaceRemoval(tenant_id=tenant, task_id=gone)
+        await state.redis.xadd(keys.tools, removal.to_fields())
     return {"status": "deleted", "task_id": task.name}
+
+
+async def subagent_tasks(session: AsyncSession, task_id: str) -> list[tuple[str, str]]:
+    """The ids and names of the task's subagents' tasks, at any depth, their rows
+    locked (a delegation starting one meanwhile waits, then finds its parent gone)."""
+    rows = await session.execute(
+        select(Task.id, Task.name)
+        .where(Task.id.in_(with_subagents(task_id)), Task.id != task_id)
+        .with_for_update()
+    )
+    return [(row[0], row[1]) for row in rows.all()]
 
 
 class WorkingMemory(BaseModel):
