@@ -30,6 +30,7 @@ from bench.phases import (
     scale,
     schedules,
     sdk,
+    subagents,
     tools,
     typescript,
     workspaces,
@@ -63,6 +64,7 @@ PHASES: dict[str, Phase] = {
     "workspaces": workspaces,
     "executions": executions,
     "schedules": schedules,
+    "subagents": subagents,
 }
 # The order they run in: the raw baseline before any engine process starts;
 # idle last whatever is asked, since it leaves 1,000 endless turns on its worker.
@@ -82,6 +84,7 @@ RUN_ORDER = (
     "workspaces",
     "executions",
     "schedules",
+    "subagents",
     "scale",
     "capacity",
     "idle",

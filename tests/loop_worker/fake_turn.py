@@ -261,6 +261,9 @@ class FakeTurn:
     async def child_answer(self, child: Child) -> str:
         raise AssertionError("the fake turn has no subagents")
 
+    async def emit_body(self, event_type: str, body: str) -> None:
+        raise AssertionError("the fake turn has no subagents to mirror")
+
 
 def _implements(
     turn: FakeTurn,

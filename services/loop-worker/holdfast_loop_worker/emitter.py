@@ -32,7 +32,11 @@ class Emitter:
         self.last_seq = 0
 
     async def emit(self, event: _Event) -> None:
-        self._pending.append((event.type, body_json(event)))
+        await self.emit_body(event.type, body_json(event))
+
+    async def emit_body(self, event_type: str, body: str) -> None:
+        """Emit an event already serialised (``body_json``'s form: no envelope)."""
+        self._pending.append((event_type, body))
         if self._writer is None or self._writer.done():
             if self._writer is not None:
                 self._writer.result()  # surface a failed write now

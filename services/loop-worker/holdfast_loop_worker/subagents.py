@@ -23,6 +23,7 @@ from holdfast_shared import cancels
 from holdfast_shared.conversation import user_content
 from holdfast_shared.db.models import Message, Task, Turn
 from holdfast_shared.eventlog import EventLog, LoggedEvent, next_epoch
+from holdfast_shared.eventlog.records import seq_of
 from holdfast_shared.events import ThreadLifecycle, body_json
 from holdfast_shared.ids import new_id, new_task_id
 from holdfast_shared.jobs import TurnJob
@@ -34,6 +35,9 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+# Events a read of a child's log hands on at most.
+_PAGE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,17 +170,31 @@ class Subagents:
 
     async def events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]:
         """The child's events after ``after_seq``, in pages, waiting for more
-        when none are left (the caller stops reading at the child's end)."""
+        when none are left (the caller stops reading at the child's end).
+
+        What is stored already comes through the log's reader (PostgreSQL for
+        what the Redis copy no longer holds); from there the Redis copy is
+        followed with XREAD, whose answer is the next page. A page that does
+        not follow on from the cursor (the copy trimmed meanwhile) sends the
+        reader back to the stored log."""
         cursor = after_seq
         key = self.keys.events(child.task_id)
         while True:
             async for page in self.eventlog.pages_after(child.task_id, cursor):
                 yield page
                 cursor = page[-1].seq
-            # Wakes on the child's next append (or after a slice, to look again).
-            await self.redis.xread(
-                {key: f"{cursor}-0"}, count=1, block=int(BLOCK_SLICE_SECONDS * 1000)
-            )
+            while True:
+                answer = await self.redis.xread(
+                    {key: f"{cursor}-0"}, count=_PAGE, block=int(BLOCK_SLICE_SECONDS * 1000)
+                )
+                entries = [entry for _key, found in answer or () for entry in found]
+                if not entries:
+                    continue
+                page = [LoggedEvent(seq_of(eid), f["t"], f["d"]) for eid, f in entries]
+                if page[0].seq != cursor + 1:
+                    break  # a gap: read it from the stored log
+                yield page
+                cursor = page[-1].seq
 
     async def answer(self, child: Child) -> str:
         """The text of the child's last assistant message ("" when none): its

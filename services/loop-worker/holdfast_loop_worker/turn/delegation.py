@@ -22,9 +22,13 @@ turn). Several delegate calls of one response run at once, up to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from holdfast_shared.events import (
+    ENVELOPE_FIELDS,
     TERMINAL_PHASES,
     ErrorEvent,
     SubagentCompleted,
@@ -32,7 +36,6 @@ from holdfast_shared.events import (
     SubagentStarted,
     ThreadLifecycle,
     Usage,
-    parse_event,
 )
 from holdfast_shared.jobs import ToolOutcome
 
@@ -86,9 +89,10 @@ class _Last:
     error: str
 
 
-def usage_counts(usage: Usage) -> dict[str, int]:
-    """A child's ``usage`` event's token counts, as the parent's usage names them."""
-    return {name: value for name in USAGE_COUNTS if (value := getattr(usage, name))}
+def usage_counts(usage: Mapping[str, Any]) -> dict[str, int]:
+    """A child's ``usage`` event's token counts (its wire fields), as the
+    parent's usage names them."""
+    return {name: value for name in USAGE_COUNTS if (value := usage.get(name))}
 
 
 USAGE_COUNTS = (
@@ -101,20 +105,30 @@ USAGE_COUNTS = (
 
 
 async def _mirror(turn: ToolTurn, child: Child, origin: SubagentOrigin, after: int) -> _Last:
-    """Log the child's events after ``after`` in this turn's log, up to its turn's end."""
+    """Log the child's events after ``after`` in this turn's log, up to its turn's end.
+
+    Each is rewritten as JSON, not parsed into its model: the child's log holds
+    what the engine wrote, and the mirror keeps up with a child streaming at
+    full speed only without a validation and a serialisation per event.
+    """
     error = ""
+    came_through = origin.model_dump(exclude_none=True)
     async for page in turn.child_events(child, after):
         for logged in page:
-            event = parse_event(logged.data)
-            if isinstance(event, ThreadLifecycle):
-                if event.turn_id == child.turn_id and event.phase in TERMINAL_PHASES:
-                    return _Last(event.phase, event.stop_reason, error)
+            event: dict[str, Any] = orjson.loads(logged.data)
+            kind = event["type"]
+            if kind == ThreadLifecycle.model_fields["type"].default:
+                if event.get("turn_id") == child.turn_id and event["phase"] in TERMINAL_PHASES:
+                    return _Last(event["phase"], event.get("stop_reason"), error)
                 continue
-            if isinstance(event, ErrorEvent) and event.subagent is None:
-                error = f"{event.error}: {event.message}"
-            born = event.subagent or origin
-            if isinstance(event, Usage):
-                turn.state.subagent_usage[born.task_id] = usage_counts(event)
-            via = born.model_copy(update={"tool_call_id": origin.tool_call_id, "seq": logged.seq})
-            await turn.emit(event.model_copy(update={"subagent": via}))
+            born = event.get("subagent")
+            if kind == ErrorEvent.model_fields["type"].default and born is None:
+                error = f"{event['error']}: {event['message']}"
+            if born is None:
+                born = came_through
+            if kind == Usage.model_fields["type"].default:
+                turn.state.subagent_usage[born["task_id"]] = usage_counts(event)
+            body = {k: v for k, v in event.items() if k not in ENVELOPE_FIELDS}
+            body["subagent"] = {**born, "tool_call_id": origin.tool_call_id, "seq": logged.seq}
+            await turn.emit_body(kind, orjson.dumps(body).decode())
     raise AssertionError("a child's events end only with its turn's end")

@@ -170,6 +170,9 @@ class ToolTurn(AskingTurn, Protocol):
         """The call's child task, started or found (DepthExceeded past the limit)."""
 
     def child_events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]: ...
+    async def emit_body(self, event_type: str, body: str) -> None:
+        """Emit an event already serialised without its envelope (a mirrored one)."""
+
     async def child_answer(self, child: Child) -> str:
         """The text of the child's last assistant message ("" when none)."""
 

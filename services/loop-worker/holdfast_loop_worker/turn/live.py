@@ -168,6 +168,9 @@ class LiveTurn:
     async def emit(self, event: _Event) -> None:
         await self.emitter.emit(event)
 
+    async def emit_body(self, event_type: str, body: str) -> None:
+        await self.emitter.emit_body(event_type, body)
+
     async def snapshot(
         self,
         reason: str,

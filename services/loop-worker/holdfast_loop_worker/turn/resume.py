@@ -96,4 +96,4 @@ def _note_subagent(seen: Seen, event: Event) -> None:
         child.started = True
         child.cursor = max(child.cursor, origin.seq)
         if isinstance(event, Usage):
-            seen.subagent_usage[origin.task_id] = usage_counts(event)
+            seen.subagent_usage[origin.task_id] = usage_counts(event.model_dump())
