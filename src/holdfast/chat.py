@@ -30,6 +30,8 @@ from holdfast_client import (
     HitlRequest,
     HitlResolved,
     HoldfastError,
+    SubagentCompleted,
+    SubagentStarted,
     TextDelta,
     ThinkingDelta,
     ThreadLifecycle,
@@ -199,6 +201,23 @@ class Chat:
     # -- one event ------------------------------------------------------------------------
 
     def render(self, event: Event, turn: TurnStream) -> None:
+        origin = event.subagent
+        if isinstance(event, SubagentStarted) and origin is not None:
+            self._line(
+                Text.assemble(
+                    ("⇢ ", "magenta"),
+                    (f"{origin.agent} ({origin.task_id})", "bold magenta"),
+                    " ",
+                    (_compact(event.brief), "magenta"),
+                )
+            )
+            return
+        if isinstance(event, SubagentCompleted) and origin is not None:
+            self._line(Text(f"⇠ {origin.agent}: {event.status}", style="magenta"))
+            return
+        if origin is not None and not isinstance(event, HitlRequest):
+            # A subagent's own work: its task shows it (holdfast chat --task <child>).
+            return
         if isinstance(event, TextDelta):
             self._write(Text(event.text))
         elif isinstance(event, ThinkingDelta):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,13 +17,16 @@ from httpx_sse import aconnect_sse
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from tests.conftest import engine_env
+from tests.e2e import test_recovery
 from tests.e2e.test_recovery import owner_of, process_of
-from tests.processes import EngineProcesses, running_engine
+from tests.processes import EngineProcesses
 from tests.sse_client import execute, replay
 from tests.taskids import engine_task_id
 
 pytestmark = [pytest.mark.timeout(120)]
+
+# One gateway, two loop-workers and a tool-runner, with a 2 s lease: the kill tests'.
+cluster = test_recovery.cluster
 
 
 def script(**kw: Any) -> str:
@@ -307,32 +309,10 @@ async def _until_ended(
 # -- kill -9 ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def two_workers(
-    redis_url: str,
-    database_url: str,
-    redis_prefix: str,
-    api_keys: dict[str, str],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[EngineProcesses]:
-    """One gateway, two loop-workers and a tool-runner, with a 2 s lease."""
-    env = engine_env(
-        redis_url,
-        database_url,
-        f"{redis_prefix}subagents:",
-        HOLDFAST_LEASE_SECONDS="2",
-        HOLDFAST_WORKSPACE_ROOT=str(tmp_path_factory.mktemp("subagent-workspaces")),
-    )
-    with running_engine(
-        env, workers=2, runners=1, directory=tmp_path_factory.mktemp("subagents")
-    ) as procs:
-        yield procs
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["parent", "child"])
 async def test_a_killed_worker_neither_loses_nor_doubles_a_child(
-    two_workers: EngineProcesses,
+    cluster: EngineProcesses,
     api_keys: dict[str, str],
     sessions: async_sessionmaker[AsyncSession],
     victim: str,
@@ -340,7 +320,6 @@ async def test_a_killed_worker_neither_loses_nor_doubles_a_child(
     """SIGKILL of the worker running the parent turn (or the child's) while the
     child streams: the turns go on elsewhere, one child task, and the parent's
     stream holds each of the child's events once."""
-    cluster = two_workers
     key = api_keys["main"]
     task_id = f"delegate-kill-{victim}-{secrets.token_hex(3)}"
     message = delegating(("researcher", script(text="w ", deltas=150, delay_ms=30)))
