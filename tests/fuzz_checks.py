@@ -16,13 +16,14 @@ class RefusedValidData(Failure):
     kind_title = "Valid data refused"
 
 
-# Names of things the tenant has not stored (an agent's skills and servers);
+# Names of things the tenant has not stored (an agent's skills, servers and subagents);
 # lines of a memory import that collide with the brain's rows or each other,
 # relate entities that are nowhere, or give a date-time that is no instant of
 # the years 1-9999 in UTC ("0001-01-01T00:00:00+01:00"): no schema can say so.
 _NOT_STORED = {
     "unknown_skill",
     "unknown_server",
+    "unknown_agent",
     "conflict",
     "duplicate",
     "unknown_entity",
@@ -69,8 +70,9 @@ def valid_requests_are_accepted(ctx: Any, response: Any, case: Any) -> bool | No
     model cannot take (never with the scripted model, which takes any), and
     ``ASSET_UNAVAILABLE``, a well-formed MCP server (a URL, a command) that
     does not answer as one — what runs out there is not the schema's to say; and
-    an agent's skill or server the tenant does not have (``INVALID_REQUEST``
-    whose every error is ``unknown_skill`` / ``unknown_server``: what exists
+    an agent's skill, server or subagent the tenant does not have
+    (``INVALID_REQUEST`` whose every error is ``unknown_skill`` /
+    ``unknown_server`` / ``unknown_agent``: what exists
     is the store's to say, not the schema's), and memory import lines that
     collide with the brain or each other (``conflict``, ``duplicate``),
     relate unknown entities (``unknown_entity``) or give an instant outside

@@ -413,7 +413,7 @@ async def ended_turn(eventlog: EventLog, task_id: str, last: LastEvent | None) -
         logged = parse_event(fields["d"])
         if logged.turn_id != event.turn_id:
             break
-        if isinstance(logged, Usage):
+        if isinstance(logged, Usage) and logged.subagent is None:  # not a subagent's
             usage = {name: getattr(logged, name) for name in USAGE_FIELDS}
             return EndedTurn(event.turn_id, usage, round(logged.active_seconds * 1000))
     return None

@@ -32,6 +32,7 @@ const EVENT_TYPES = [
   'thread_lifecycle', 'error', 'text_delta', 'thinking_delta', 'content_block_start',
   'content_block_stop', 'tool_call', 'tool_result', 'hitl_request', 'hitl_resolved',
   'working_memory_update', 'compaction_event', 'turn_resumed', 'usage', 'user_message',
+  'subagent_started', 'subagent_completed',
 ];
 const PREVIEW_CHARS = 160;
 
@@ -508,6 +509,24 @@ function flushText() {
 }
 
 function render(event, seq) {
+  if (event.subagent) {
+    // A subagent's child task streams in its parent's log: one note each way
+    // here (the child's own work is on its task's page); its question is
+    // answered through the parent, so it is shown as this task's.
+    const who = `${event.subagent.agent} (${event.subagent.task_id})`;
+    if (event.type === 'subagent_started') {
+      turnFor(event).li.append(el('div', 'note', `delegated to ${who}: ${preview(event.brief)}`));
+    } else if (event.type === 'subagent_completed') {
+      turnFor(event).li.append(el('div', 'note', `${who} ${event.status}: ${preview(event.answer)}`));
+    } else if (event.type === 'hitl_request') {
+      renderPrompt(event);
+    } else if (event.type === 'hitl_resolved') {
+      const prompt = view.prompts.get(event.request_id);
+      if (prompt) prompt.remove();
+      view.prompts.delete(event.request_id);
+    }
+    return;
+  }
   switch (event.type) {
     case 'thread_lifecycle': {
       const turn = turnFor(event);
