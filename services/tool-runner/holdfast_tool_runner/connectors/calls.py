@@ -106,11 +106,13 @@ _SERVER_CACHE_SIZE = 1024
 class _Unavailable(Exception):
     """The server cannot be used now; the message is for the model (no secret
     but the server's own, which the outcome's redaction removes). ``stderr``: what
-    a stdio server that failed to start wrote there last."""
+    a stdio server that failed to start wrote there last. ``refused``: the
+    server's OAuth could not be refreshed (it needs connecting again)."""
 
-    def __init__(self, message: str, stderr: str = "") -> None:
+    def __init__(self, message: str, stderr: str = "", *, refused: bool = False) -> None:
         super().__init__(message)
         self.stderr = stderr
+        self.refused = refused
 
     def __str__(self) -> str:
         message = super().__str__()
@@ -274,7 +276,7 @@ class Connectors:
             async with self._workspace_held(config, job.tenant_id, job.task_id):
                 return await self._call(job, key, row, config, redactor, progress, elicit, sample)
         except _Unavailable as exc:
-            if any(a.needs_authorization for a in self._auth.get(key, ())):
+            if exc.refused:
                 await self._refused(job.tenant_id, job.server)
             return redactor.outcome(ToolOutcome(error=str(exc)))
 
@@ -331,10 +333,15 @@ class Connectors:
                 f"the MCP server {job.server!r} did not answer within {job.timeout_seconds:g} s"
             )
         except Exception as exc:
+            # Read before the discard: while it closes the session, the sweep may
+            # forget the session's OAuth (it keeps only open sessions').
+            refused = self._auth_refused(key)
             await self.sessions.discard(key)
             if _cut_after_sending(exc):
                 return _unknown(f"MCP server {job.server!r}: {_describe(exc)}")
-            raise _Unavailable(f"MCP server {job.server!r}: {_describe(exc)}") from None
+            raise _Unavailable(
+                f"MCP server {job.server!r}: {_describe(exc)}", refused=refused
+            ) from None
         finally:
             if self._asking.get(key) is elicit:
                 self._asking.pop(key, None)
@@ -461,11 +468,13 @@ class Connectors:
             error = f"MCP server {config.name!r}: {exc.args[0]}"
         except Exception as exc:
             error = f"cannot connect to the MCP server {config.name!r}: {_describe(exc)}"
+        # Before any wait: the sweep forgets the OAuth of a session that never opened.
+        refused = self._auth_refused(key)
         stderr = self._stderr.get(key)
         tail = await stderr.settled(1.0) if stderr is not None else ""
         tail = Redactor(_secrets(config)).text(tail)
         _log_stderr(config.name, config.tenant_id, error, tail)
-        raise _Unavailable(error, tail)
+        raise _Unavailable(error, tail, refused=refused)
 
     @contextlib.asynccontextmanager
     async def _open(
@@ -575,6 +584,10 @@ class Connectors:
             )
         except SandboxUnavailable as exc:
             raise _Unavailable(f"sandbox unavailable, the server did not start: {exc}") from None
+
+    def _auth_refused(self, key: SessionKey) -> bool:
+        """Whether the OAuth of ``key``'s session found its tokens refused."""
+        return any(a.needs_authorization for a in self._auth.get(key, ()))
 
     async def _refused(self, tenant_id: str, name: str) -> None:
         """The server's authorization was revoked (its refresh refused): it
