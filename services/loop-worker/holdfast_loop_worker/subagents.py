@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from holdfast_shared import cancels
 from holdfast_shared.conversation import user_content
 from holdfast_shared.db.models import Message, Task, Turn
+from holdfast_shared.errors import Superseded
 from holdfast_shared.eventlog import EventLog, LoggedEvent, next_epoch
 from holdfast_shared.eventlog.records import seq_of
 from holdfast_shared.events import ThreadLifecycle, body_json
@@ -150,14 +151,18 @@ class Subagents:
                 )
             )
         started = ThreadLifecycle(phase="started")
-        await self.eventlog.append_bodies(
-            task_id,
-            turn_id,
-            [(started.type, body_json(started))],
-            name=name,
-            new_task=True,
-            epoch=epoch,
-        )
+        try:
+            await self.eventlog.append_bodies(
+                task_id,
+                turn_id,
+                [(started.type, body_json(started))],
+                name=name,
+                new_task=True,
+                epoch=epoch,
+            )
+        except Superseded:
+            # Stalled past the stale-turn sweep, which announced and queued it.
+            return Child(task_id, name, turn_id, agent, depth)
         job = TurnJob(
             task_id=task_id,
             turn_id=turn_id,
