@@ -14,8 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+from holdfast_gateway import taskstatus
 from holdfast_shared.db.models import Turn
+from holdfast_shared.eventlog import EventLog
+from holdfast_shared.keys import Keys
 from httpx_sse import aconnect_sse
+from redis.asyncio import Redis
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -85,18 +89,24 @@ async def test_a_cancelled_turn_counts_the_tokens_it_streamed(
 
 
 async def test_a_turn_ended_in_the_log_but_not_on_its_row_counts_its_logged_usage(
-    engine: EngineProcesses, api_keys: dict[str, str], sessions: async_sessionmaker[AsyncSession]
+    engine: EngineProcesses,
+    api_keys: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    redis_prefix: str,
 ) -> None:
     """A turn logs its end, then records its totals on its row. A read between
     the two (a client reading the task the moment its stream ends, as the test
     above does) once fell back to the turn's last snapshot, which predates the
-    call the cancel cut off: 0 input tokens. The window is recreated by putting
-    the row back as it is in it."""
+    call the cancel cut off: 0 input tokens. The window is recreated inside a
+    transaction that is rolled back (so no sweep or queued job of the engine
+    ever sees the row put back), and read the way ``GET /tasks/{id}`` reads."""
     key = api_keys["main"]
     task_id = f"cancel-window-{secrets.token_hex(3)}"
     events = await cancel_after_50_deltas(engine, key, task_id)
     usage = [e for e in events if e["type"] == "usage"][-1]
     turn_id = events[-1]["turn_id"]
+    log = EventLog(redis, sessions, Keys(redis_prefix), hot_ttl_seconds=10800)
     async with sessions() as session:
         for _ in range(400):  # the row records the end just after the stream ends
             row = await session.get(Turn, turn_id, populate_existing=True)
@@ -105,13 +115,18 @@ async def test_a_turn_ended_in_the_log_but_not_on_its_row_counts_its_logged_usag
             await asyncio.sleep(0.05)
         else:
             raise AssertionError(f"turn {turn_id} never recorded its end")
+        task = row.task_id
         await session.execute(
             update(Turn)
             .where(Turn.id == turn_id)
             .values(status="running", usage=None, active_ms=None, finished_at=None)
         )
-        await session.commit()
-    totals = await task_usage(engine, key, task_id)
+        last = await taskstatus.last_event(log, session, task)
+        ended = await taskstatus.ended_turn(log, task, last)
+        detail = await taskstatus.task_detail(session, task, ended)
+        await session.rollback()
+    assert detail is not None
+    totals = detail.usage
     assert totals["input_tokens"] == usage["input_tokens"] > 0, totals
     assert totals["output_tokens"] == usage["output_tokens"] > 0, totals
     assert totals["active_seconds"] == pytest.approx(usage["active_seconds"], abs=0.001)
