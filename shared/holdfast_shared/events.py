@@ -259,6 +259,16 @@ class Heartbeat(_Event):
     type: Literal["heartbeat"] = "heartbeat"
 
 
+# The token counts a ``usage`` event (and a turn's usage totals) carry.
+USAGE_COUNTS: tuple[str, ...] = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "reasoning_tokens",
+)
+
+
 class Usage(_Event):
     type: Literal["usage"] = "usage"
     input_tokens: int = 0

@@ -43,7 +43,14 @@ from holdfast_shared.db.models import (
     Turn,
 )
 from holdfast_shared.eventlog import EventLog
-from holdfast_shared.events import TERMINAL_PHASES, Event, ThreadLifecycle, Usage, parse_event
+from holdfast_shared.events import (
+    TERMINAL_PHASES,
+    USAGE_COUNTS,
+    Event,
+    ThreadLifecycle,
+    Usage,
+    parse_event,
+)
 from holdfast_shared.ids import is_valid_id
 from holdfast_shared.turnlock import TurnLock
 from holdfast_shared.turnqueue import PENDING
@@ -51,13 +58,6 @@ from sqlalchemy import ColumnElement, and_, case, exists, func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 TaskStatus = Literal["idle", "running", "waiting", "paused"]
-USAGE_FIELDS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-    "reasoning_tokens",
-)
 
 
 class BadCursor(ValueError):
@@ -322,10 +322,10 @@ async def usage_totals(
         for turn_id, record in records.all():
             timings = record.get("timings") or {}
             per_turn[turn_id] = (record.get("usage") or {}, int(timings.get("active_ms") or 0))
-    totals: dict[str, Any] = dict.fromkeys(USAGE_FIELDS, 0)
+    totals: dict[str, Any] = dict.fromkeys(USAGE_COUNTS, 0)
     active_ms = 0
     for usage, ms in per_turn.values():
-        for name in USAGE_FIELDS:
+        for name in USAGE_COUNTS:
             value = usage.get(name, 0)
             totals[name] += value if isinstance(value, int) else 0
         active_ms += ms
@@ -414,7 +414,7 @@ async def ended_turn(eventlog: EventLog, task_id: str, last: LastEvent | None) -
         if logged.turn_id != event.turn_id:
             break
         if isinstance(logged, Usage) and logged.subagent is None:  # not a subagent's
-            usage = {name: getattr(logged, name) for name in USAGE_FIELDS}
+            usage = {name: getattr(logged, name) for name in USAGE_COUNTS}
             return EndedTurn(event.turn_id, usage, round(logged.active_seconds * 1000))
     return None
 

@@ -22,13 +22,13 @@ resumed turn does not make a finished sub-call again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from holdfast_shared import skills as catalogue
 from holdfast_shared.agents import AgentDefinition
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.events import USAGE_COUNTS
 from holdfast_shared.jobs import ToolOutcome
 from holdfast_shared.providers import ModelChoice, ProviderError, TextChunk, UsageReport
 from holdfast_shared.providers.base import ModelRequest
@@ -178,14 +178,5 @@ async def _subcall(
 
 
 def _add_usage(usage: dict[str, int], report: UsageReport) -> None:
-    for name in _USAGE_FIELDS:
+    for name in USAGE_COUNTS:
         usage[name] = usage.get(name, 0) + getattr(report, name)
-
-
-_USAGE_FIELDS: Sequence[str] = (
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-    "reasoning_tokens",
-)

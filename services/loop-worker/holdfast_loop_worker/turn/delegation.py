@@ -30,6 +30,7 @@ import orjson
 from holdfast_shared.events import (
     ENVELOPE_FIELDS,
     TERMINAL_PHASES,
+    USAGE_COUNTS,
     ErrorEvent,
     SubagentCompleted,
     SubagentOrigin,
@@ -93,15 +94,6 @@ def usage_counts(usage: Mapping[str, Any]) -> dict[str, int]:
     """A child's ``usage`` event's token counts (its wire fields), as the
     parent's usage names them."""
     return {name: value for name in USAGE_COUNTS if (value := usage.get(name))}
-
-
-USAGE_COUNTS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-    "reasoning_tokens",
-)
 
 
 async def _mirror(turn: ToolTurn, child: Child, origin: SubagentOrigin, after: int) -> _Last:

@@ -11,9 +11,9 @@ gets the text, and what it makes of it is the tool's result.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.events import USAGE_COUNTS
 from holdfast_shared.jobs import SamplingAnswer, ToolSampling
 from holdfast_shared.providers import ModelChoice, ProviderError, TextChunk, UsageReport
 from holdfast_shared.providers.base import Finish, ModelRequest
@@ -21,13 +21,6 @@ from holdfast_shared.providers.retry import stream_with_retries
 
 # A server may ask for more; a sub-call is not the turn's answer.
 MAX_TOKENS = 4096
-_USAGE_FIELDS: Sequence[str] = (
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-    "reasoning_tokens",
-)
 
 
 def _request(choice: ModelChoice, asked: ToolSampling) -> ModelRequest:
@@ -61,7 +54,7 @@ async def sample(
                 if isinstance(event, TextChunk):
                     text.append(event.text)
                 elif isinstance(event, UsageReport):
-                    for name in _USAGE_FIELDS:
+                    for name in USAGE_COUNTS:
                         usage[name] = usage.get(name, 0) + getattr(event, name)
                 elif isinstance(event, Finish):
                     stop = event.stop_reason
