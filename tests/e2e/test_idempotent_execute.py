@@ -17,9 +17,10 @@ import httpx
 import pytest
 from holdfast_gateway.executekeys import fingerprint
 from holdfast_gateway.routes.execute import ExecuteRequest
-from holdfast_shared.db.models import ExecuteKey, Turn
+from holdfast_shared.db.models import ExecuteKey, Task, Turn
 from holdfast_shared.ids import new_id
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, text
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.processes import EngineProcesses
@@ -113,6 +114,68 @@ async def test_a_waiting_message_sent_again_waits_once(
     assert _one_turn(first) == _one_turn(second)
     assert first.text == second.text and first.text.startswith("You said: after")
     assert await _turns(sessions, task) == 2
+
+
+async def test_a_waiting_message_and_a_starting_one_take_their_locks_in_one_order(
+    engine: EngineProcesses, api_keys: dict[str, str], sessions: Sessions
+) -> None:
+    """A CI run's deadlock (503 ``OperationalError``): a keyed request trying to
+    start its turn holds the task's row and then records the key; one storing
+    the message to wait recorded the key and then waited for the task's row.
+    Here a transaction of ours stands for the first, holding the task's row
+    while the waiting message's request comes, then recording the key."""
+    key, task, idem = api_keys["main"], _task(), str(uuid.uuid4())
+    queued = {"message": "after", "task_id": task, "on_busy": "enqueue"}
+    async with httpx.AsyncClient(timeout=60) as client:
+        running = await execute(
+            client, engine.url, key, {"message": SLOW, "task_id": task}, limit=2
+        )
+        # A message already waiting: the keyed one below is stored at once,
+        # without trying to start first.
+        ahead = {"message": "ahead", "task_id": task, "on_busy": "enqueue"}
+        async with client.stream(
+            "POST", f"{engine.url}/execute", headers={"X-Engine-Key": key}, json=ahead
+        ) as waiting:
+            assert waiting.headers["x-queued"] == "enqueue"
+        task_id = await engine_task_id(sessions, task)
+        async with sessions() as held:
+            pid = await held.scalar(select(func.pg_backend_pid()))
+            await held.execute(text("SET LOCAL lock_timeout = '20s'"))
+            # The lock lock_task takes.
+            tenant = await held.scalar(
+                select(Task.tenant_id).where(Task.id == task_id).with_for_update(key_share=True)
+            )
+            sent = asyncio.create_task(_send(client, engine, key, queued, idem))
+            while not await _blocked_by(sessions, pid):
+                assert not sent.done(), sent.result()
+                await asyncio.sleep(0.02)
+            # What start_turn does next with the task's row held: its claim.
+            await held.execute(
+                insert(ExecuteKey).values(
+                    tenant_id=tenant,
+                    key=idem,
+                    fingerprint="0" * 64,
+                    turn_id=running.headers["x-turn-id"],
+                    after_seq=0,
+                )
+            )
+            await held.rollback()
+        got = await sent
+    _one_turn(got)
+    assert got.text.startswith("You said: after")
+
+
+async def _blocked_by(sessions: Sessions, pid: int) -> bool:
+    """Whether a gateway's ``lock_task`` waits for the task's row ``pid`` holds."""
+    async with sessions() as session:
+        waiting = await session.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+                " AND query LIKE '%FOR NO KEY UPDATE%'"
+            ),
+            {"pid": pid},
+        )
+    return bool(waiting)
 
 
 async def test_a_key_with_another_request_is_refused_and_writes_nothing(

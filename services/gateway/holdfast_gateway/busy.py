@@ -127,17 +127,19 @@ async def _store(
         task = await find_task(session, tenant_id, name)
         if task is None:  # deleted since it refused the message as busy
             raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"no task {name!r}", {"task_id": name})
-        # The tenant's queued-turn limit (429) first: its lock is taken before
-        # the task's, in the order start_turn takes them.
-        if options["claim"] is not None:
-            await options["claim"](session, task, turn_id)
-        await check_waiting_turn(session, state.settings, tenant_id)
+        # Locks in start_turn's order (the task's row, the Idempotency-Key, the
+        # tenant's turn count): a request for this task that tries to start
+        # first and one that stores itself to wait can race with one key, and
+        # taking them in another order deadlocked the two.
         # The task's row lock orders its queue: the bound below holds under
         # concurrent requests, and arrival order is commit order.
         # It also excludes DELETE /tasks (which locks it first): gone by now, a 404.
         locked = await lock_task(session, tenant_id, name)
         if locked is None or locked.id != task.id:
             raise ApiError(404, ErrorCode.TASK_NOT_FOUND, f"no task {name!r}", {"task_id": name})
+        if options["claim"] is not None:
+            await options["claim"](session, task, turn_id)
+        await check_waiting_turn(session, state.settings, tenant_id)
         waiting = await count_pending(session, task.id)
         limit = state.settings.max_queued_turns
         if waiting >= limit:
