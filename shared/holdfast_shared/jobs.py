@@ -232,8 +232,10 @@ class WorkspaceFiles(_ToolJobEntry):
     ``path`` from ``offset`` (``archive_id``: from that archive of the task instead
     of the live workspace; ``expect_*``: refused once the file is no longer the one
     a download started with); ``write`` the file from the base64 bytes the gateway
-    left at the key ``upload_key``; ``delete`` it (a directory with all it holds).
-    ``path`` is checked by both ends (``manifest.check_path``) and reached by the
+    left at the key ``upload_key``; ``delete`` it (a directory with all it holds);
+    ``copy`` the file or directory ``path`` of the task ``from_task_id``'s
+    workspace to the same path of this one (a subagent's ``files``; symlinks
+    are not copied). ``path`` is checked by both ends (``manifest.check_path``) and reached by the
     runner without following a symlink. The runner answers on the Redis list
     ``reply_to`` with a :class:`WorkspaceFilesReply`.
     """
@@ -244,8 +246,9 @@ class WorkspaceFiles(_ToolJobEntry):
     request_id: str
     tenant_id: str
     task_id: str
-    action: Literal["list", "read", "write", "delete"]
+    action: Literal["list", "read", "write", "delete", "copy"]
     path: str = ""
+    from_task_id: str | None = None
     recursive: bool = False
     offset: int = 0
     length: int = 0
@@ -271,7 +274,8 @@ class WorkspaceFile(BaseModel):
 
 class WorkspaceFilesReply(BaseModel):
     """A tool-runner's answer to :class:`WorkspaceFiles`: the entries listed (``read``
-    and ``write``: the file's own, and ``data``, the bytes read, base64), or why
+    and ``write``: the file's own, and ``data``, the bytes read, base64; ``copy``:
+    the files written), or why
     not (``problem`` classifies ``error``)."""
 
     model_config = ConfigDict(frozen=True)

@@ -161,6 +161,9 @@ SKILL = ToolSpec(
 # Run by the loop (loop-worker turn/delegation.py): starts a child task with
 # another agent and waits for its answer, its events mirrored into this turn's
 # stream. Offered only to an agent that names subagents; the enum is its list.
+# The most workspace paths one delegate call copies into its child's workspace.
+MAX_DELEGATED_PATHS = 20
+
 DELEGATE = ToolSpec(
     "delegate",
     "Hand a self-contained piece of work to one of your subagents, which works on it in a "
@@ -171,6 +174,13 @@ DELEGATE = ToolSpec(
         {
             "agent": {"type": "string", "description": "The subagent to delegate to."},
             "brief": {"type": "string", "description": "The work, in full."},
+            "files": {
+                "type": "array",
+                "items": {"type": "string"},
+                "maxItems": MAX_DELEGATED_PATHS,
+                "description": "Paths in your workspace (files or directories) the subagent "
+                "needs: copied into its workspace at the same paths before it starts.",
+            },
         },
         ["agent", "brief"],
     ),

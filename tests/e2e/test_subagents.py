@@ -369,3 +369,58 @@ async def _running_turn_of(sessions: async_sessionmaker[AsyncSession], name: str
             return str(turn_id)
         await asyncio.sleep(0.05)
     raise AssertionError(f"no running turn of {name}")
+
+
+async def test_files_named_by_the_call_are_copied_into_the_childs_workspace(
+    cluster: EngineProcesses, api_keys: dict[str, str]
+) -> None:
+    key = api_keys["main"]
+    headers = {"X-Engine-Key": key}
+    task_id = f"delegate-files-{secrets.token_hex(3)}"
+    files = {
+        "notes/plan.md": b"step one",
+        "data/a.txt": b"alpha",
+        "data/sub/b.txt": b"beta",
+        "other.txt": b"not handed on",
+    }
+    reads = [
+        {"name": "read_file", "input": {"path": p}} for p in ("notes/plan.md", "data/sub/b.txt")
+    ]
+    call = {"agent": "researcher", "brief": script(tool_calls=reads)}
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await execute(client, cluster.url, key, {"message": "hello", "task_id": task_id})
+        assert first.events[-1]["phase"] == "completed"
+        for path, content in files.items():
+            put = await client.put(
+                f"{cluster.url}/tasks/{task_id}/files/{path}", headers=headers, content=content
+            )
+            assert put.status_code == 201, put.text
+        message = script(
+            tool_calls=[
+                {"name": "delegate", "input": {**call, "files": ["notes/plan.md", "/data/"]}}
+            ]
+        )
+        got = await execute(client, cluster.url, key, {"message": message, "task_id": task_id})
+        assert got.events[-1]["phase"] == "completed", got.events[-3:]
+        result = next(e for e in got.events if e["type"] == "tool_result" and not e.get("subagent"))
+        assert "step one" in result["output"] and "beta" in result["output"], result
+        child = next(e for e in got.events if e["type"] == "subagent_started")["subagent"]
+        listed = await client.get(
+            f"{cluster.url}/tasks/{child['task_id']}/files",
+            headers=headers,
+            params={"recursive": "true"},
+        )
+        assert listed.status_code == 200, listed.text
+        copied = {f["path"] for f in listed.json()["files"] if f["kind"] == "file"}
+        assert copied == {"notes/plan.md", "data/a.txt", "data/sub/b.txt"}
+
+        # A path the parent's workspace has not: the call's result says which,
+        # and no child turn runs.
+        missing = script(
+            tool_calls=[{"name": "delegate", "input": {**call, "files": ["nowhere.txt"]}}]
+        )
+        got = await execute(client, cluster.url, key, {"message": missing, "task_id": task_id})
+    assert got.events[-1]["phase"] == "completed"
+    result = next(e for e in got.events if e["type"] == "tool_result")
+    assert "nowhere.txt" in (result.get("error") or ""), result
+    assert not [e for e in got.events if e.get("subagent")]

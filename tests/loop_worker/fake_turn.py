@@ -252,7 +252,9 @@ class FakeTurn:
     subagent_names: tuple[str, ...] = ()
     max_subagents = 4
 
-    async def start_child(self, agent: str, brief: str, tool_call_id: str) -> Child:
+    async def start_child(
+        self, agent: str, brief: str, tool_call_id: str, files: Sequence[str]
+    ) -> Child:
         raise AssertionError("the fake turn has no subagents")
 
     def child_events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]:

@@ -4,18 +4,22 @@ A ``delegate`` call (``turn/delegation.py``) runs as a *child task*: a task
 of the parent's tenant, named for the call (:func:`child_name`: the same
 name on every run of the call, so a parent resumed on another worker finds
 the child its first run started instead of starting a second), with the
-brief as its first turn's message. The child's first turn is started the
-way ``turnqueue.start_next`` starts a promoted one — rows in one
-transaction (the task, its turn with ``lease_until`` now, the message),
-then its ``started`` under a fresh epoch, then the job — so a worker that
-dies after the commit leaves a turn the stale-turn sweep announces and
-queues (``recovery._announce_promoted``), never one started twice.
+brief as its first turn's message and the call's ``files`` copied from
+the parent's workspace into its own before that turn is written. The
+child's first turn is started the way ``turnqueue.start_next`` starts a
+promoted one — rows in one transaction (the turn with ``lease_until`` now,
+its message), then its ``started`` under a fresh epoch, then the job — so
+a worker that dies after the commit leaves a turn the stale-turn sweep
+announces and queues (``recovery._announce_promoted``), never one started
+twice. A copy that fails leaves the child task without a turn (deleted
+with its parent); the call's result says why.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+import secrets
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -27,11 +31,12 @@ from holdfast_shared.eventlog import EventLog, LoggedEvent, next_epoch
 from holdfast_shared.eventlog.records import seq_of
 from holdfast_shared.events import ThreadLifecycle, body_json
 from holdfast_shared.ids import new_id, new_task_id
-from holdfast_shared.jobs import TurnJob
+from holdfast_shared.jobs import TurnJob, WorkspaceFiles, WorkspaceFilesReply
 from holdfast_shared.keys import Keys
 from holdfast_shared.redisconn import BLOCK_SLICE_SECONDS
 from holdfast_shared.turnlock import TurnLock
 from holdfast_shared.turnqueue import ACTIVE, queue_turn
+from holdfast_shared.workspace_checkpoints.requests import ask_runner
 from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -39,6 +44,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 # Events a read of a child's log hands on at most.
 _PAGE = 1000
+# How long a tool-runner may take to copy one of a delegate call's ``files``
+# (the parent's workspace may be restored from its archive first).
+_COPY_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,10 @@ class NotAChild(Exception):
     """The call's child name is taken by a task that is not the call's child."""
 
 
+class FilesNotCopied(Exception):
+    """A path of the call's ``files`` could not be copied into the child's workspace."""
+
+
 def child_name(parent: Parent, agent: str, tool_call_id: str) -> str:
     """The child task's name: the same for every run of the one call."""
     digest = hashlib.sha256(
@@ -100,31 +112,42 @@ class Subagents:
             depth = await session.scalar(select(Task.depth).where(Task.id == task_id))
         return int(depth or 0)
 
-    async def start(self, parent: Parent, agent: str, brief: str, tool_call_id: str) -> Child:
+    async def start(
+        self,
+        parent: Parent,
+        agent: str,
+        brief: str,
+        tool_call_id: str,
+        files: Sequence[str] = (),
+    ) -> Child:
         """The call's child task with its first turn: started now, or found
-        started by an earlier run of the call."""
+        started by an earlier run of the call.
+
+        The task's row comes first, then its ``files`` (copied from the parent's
+        workspace by a tool-runner), then its turn: a run that died between
+        them left a task with no turn, which the next run of the call finds
+        and carries on with (the copy again, the same bytes)."""
         name = child_name(parent, agent, tool_call_id)
-        depth = parent.depth + 1
+        task_id, child = await self._task(parent, name, agent)
+        if child is not None:
+            return child
+        for path in files:
+            await self._copy(parent, task_id, path)
         turn_id = new_id("turn")
+        depth = parent.depth + 1
         async with self.sessions.begin() as session:
-            task_id = await session.scalar(
-                insert(Task)
-                .values(
-                    id=new_task_id(),
-                    tenant_id=parent.tenant_id,
-                    name=name,
-                    agent=agent,
-                    model=parent.model,
-                    parent_task_id=parent.task_id,
-                    depth=depth,
-                )
-                .on_conflict_do_nothing(constraint="uq_tasks_tenant_id_name")
-                .returning(Task.id)
-            )
-            if task_id is None:
-                return await _existing(session, parent, name, agent)
-            # A new task: nobody else holds its lock.
-            await self.lock.acquire(task_id, turn_id)
+            # Held until the turn is committed: two runs of the call (a stale
+            # one and its takeover) write one turn.
+            await session.execute(select(Task.id).where(Task.id == task_id).with_for_update())
+            if (found := await _first_turn(session, task_id)) is not None:
+                return Child(task_id, name, found, agent, depth)
+            # No turn of the task was ever committed: whatever holds its lock
+            # is a run that died before its commit.
+            holder = await self.lock.holder(task_id)
+            if holder is None or holder == turn_id:
+                await self.lock.acquire(task_id, turn_id)
+            else:
+                await self.lock.replace(task_id, holder, turn_id)
             epoch = await next_epoch(self.redis, self.keys, task_id)
             now = datetime.now(UTC)
             session.add(
@@ -172,6 +195,59 @@ class Subagents:
         )
         await queue_turn(self.redis, self.keys, job)
         return Child(task_id, name, turn_id, agent, depth)
+
+    async def _task(self, parent: Parent, name: str, agent: str) -> tuple[str, Child | None]:
+        """The child task's id, created now or found; with its turn if it has one."""
+        async with self.sessions.begin() as session:
+            created = await session.scalar(
+                insert(Task)
+                .values(
+                    id=new_task_id(),
+                    tenant_id=parent.tenant_id,
+                    name=name,
+                    agent=agent,
+                    model=parent.model,
+                    parent_task_id=parent.task_id,
+                    depth=parent.depth + 1,
+                )
+                .on_conflict_do_nothing(constraint="uq_tasks_tenant_id_name")
+                .returning(Task.id)
+            )
+            if created is not None:
+                return created, None
+            task = (
+                await session.execute(
+                    select(Task.id, Task.parent_task_id, Task.depth).where(
+                        Task.tenant_id == parent.tenant_id, Task.name == name
+                    )
+                )
+            ).one()
+            if task.parent_task_id != parent.task_id:
+                raise NotAChild(name)
+            turn_id = await _first_turn(session, task.id)
+        if turn_id is None:
+            return task.id, None
+        return task.id, Child(task.id, name, turn_id, agent, int(task.depth))
+
+    async def _copy(self, parent: Parent, task_id: str, path: str) -> None:
+        """Copy ``path`` of the parent's workspace into the child's (a tool-runner does)."""
+        request_id = secrets.token_hex(16)
+        request = WorkspaceFiles(
+            request_id=request_id,
+            tenant_id=parent.tenant_id,
+            task_id=task_id,
+            action="copy",
+            path=path,
+            from_task_id=parent.task_id,
+            reply_to=self.keys.workspace_reply(request_id),
+        )
+        answer = await ask_runner(self.redis, self.keys, request, _COPY_TIMEOUT_SECONDS)
+        if answer is None:
+            waited = f"{_COPY_TIMEOUT_SECONDS:g} s"
+            raise FilesNotCopied(f"no tool-runner copied {path!r} within {waited}")
+        reply = WorkspaceFilesReply.model_validate_json(answer)
+        if reply.error is not None:
+            raise FilesNotCopied(f"{path!r} was not copied: {reply.error}")
 
     async def events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]:
         """The child's events after ``after_seq``, in pages, waiting for more
@@ -232,19 +308,7 @@ class Subagents:
         return len(running)
 
 
-async def _existing(session: AsyncSession, parent: Parent, name: str, agent: str) -> Child:
-    task = (
-        await session.execute(
-            select(Task.id, Task.parent_task_id, Task.depth).where(
-                Task.tenant_id == parent.tenant_id, Task.name == name
-            )
-        )
-    ).one()
-    if task[1] != parent.task_id:
-        raise NotAChild(name)
-    turn_id = await session.scalar(
-        select(Turn.id).where(Turn.task_id == task[0]).order_by(Turn.created_at).limit(1)
+async def _first_turn(session: AsyncSession, task_id: str) -> str | None:
+    return await session.scalar(
+        select(Turn.id).where(Turn.task_id == task_id).order_by(Turn.created_at).limit(1)
     )
-    if turn_id is None:
-        raise NotAChild(name)
-    return Child(task[0], name, turn_id, agent, int(task[2]))

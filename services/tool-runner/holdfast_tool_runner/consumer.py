@@ -201,7 +201,7 @@ class ToolConsumer:
         await self.group.ack(entry_id)
 
     async def _handle_files(self, entry_id: str, request: WorkspaceFiles) -> None:
-        """List, read, write or delete a task's files for the gateway waiting on ``reply_to``."""
+        """List, read, write, delete or copy a task's files for whoever waits on ``reply_to``."""
         if self.files is None:
             log.error("workspace files request %s on a runner without archives", request.request_id)
         else:

@@ -106,6 +106,8 @@ class WorkspaceFilesHandler:
         if request.archive_id is not None:
             return await self._read_archived(request, path)
         tenant_id, task_id = request.tenant_id, request.task_id
+        if request.action == "copy":
+            return await self._copy(request, path)
         data: bytes | None = None
         if request.action == "write":
             data = await self._take_upload(request)
@@ -135,6 +137,25 @@ class WorkspaceFilesHandler:
                 case "delete":
                     await asyncio.to_thread(_delete, root, path)
         await self._archive(tenant_id, task_id)
+        return WorkspaceFilesReply(entries=written)
+
+    async def _copy(self, request: WorkspaceFiles, path: str) -> WorkspaceFilesReply:
+        """Copy ``path`` of ``from_task_id``'s workspace into the task's, at the same
+        path: read whole first (under the source's lock), then written (under the
+        target's), never both held at once."""
+        tenant_id, source = request.tenant_id, request.from_task_id
+        if source is None:
+            raise _Problem("invalid_path", "a copy names no task to copy from")
+        if not await self._has_workspace(tenant_id, source):
+            raise _Problem("not_found", f"{path!r} is not in the workspace")
+        limit = self.archiving.workspaces.max_bytes
+        async with self.archiving.in_use(tenant_id, source) as root:
+            files = await asyncio.to_thread(_gather, root, path, limit)
+        written: list[WorkspaceFile] = []
+        async with self.archiving.in_use(tenant_id, request.task_id) as root:
+            for rel, data in files:
+                written.append(await asyncio.to_thread(_write, root, rel, data))
+        await self._archive(tenant_id, request.task_id)
         return WorkspaceFilesReply(entries=written)
 
     async def _has_workspace(self, tenant_id: str, task_id: str) -> bool:
@@ -383,6 +404,40 @@ def _read(root: Path, path: str, request: WorkspaceFiles) -> tuple[WorkspaceFile
         path=path, kind="file", size=st.st_size, sha256=digest, mtime_ns=st.st_mtime_ns
     )
     return entry, chunk
+
+
+def _gather(root: Path, path: str, limit: int) -> list[tuple[str, bytes]]:
+    """The file ``path``, or every regular file below the directory ``path``, with
+    its bytes; symlinks and special files are left out. ``full`` past ``limit``
+    bytes in all."""
+    try:
+        with _opened(root) as dirs:
+            if dirs is None:
+                raise _Problem("not_found", f"{path!r} is not in the workspace")
+            os.close(_open_regular(dirs, path))
+        names = [path]
+    except _Problem as exc:
+        if exc.problem != "not_a_file":
+            raise
+        tree = _stat_tree(root, path, True)
+        names = sorted(rel for rel, st in tree.items() if stat.S_ISREG(st.st_mode))
+    files: list[tuple[str, bytes]] = []
+    total = 0
+    with _opened(root) as dirs:
+        if dirs is None:
+            raise _Problem("not_found", f"{path!r} is not in the workspace")
+        for rel in names:
+            try:
+                fd = _open_regular(dirs, rel)
+            except _Problem:
+                continue  # gone or replaced since it was listed
+            with os.fdopen(fd, "rb") as file:
+                data = file.read(limit - total + 1)
+            total += len(data)
+            if total > limit:
+                raise _Problem("full", f"{path!r} holds more than a workspace can")
+            files.append((rel, data))
+    return files
 
 
 def _write(root: Path, path: str, data: bytes) -> WorkspaceFile:

@@ -39,8 +39,15 @@ from holdfast_shared.events import (
     Usage,
 )
 from holdfast_shared.jobs import ToolOutcome
+from holdfast_shared.tools import MAX_DELEGATED_PATHS
 
-from holdfast_loop_worker.subagents import Child, ChildEnd, DepthExceeded, NotAChild
+from holdfast_loop_worker.subagents import (
+    Child,
+    ChildEnd,
+    DepthExceeded,
+    FilesNotCopied,
+    NotAChild,
+)
 from holdfast_loop_worker.turn.handle import SubagentsSeen, ToolTurn
 from holdfast_loop_worker.turn_state import PendingCall
 
@@ -52,9 +59,17 @@ async def delegate(turn: ToolTurn, call: PendingCall) -> ToolOutcome:
         return ToolOutcome(error=f"unknown subagent {agent!r}; yours: {names}")
     if not isinstance(brief, str) or not brief.strip():
         return ToolOutcome(error="the brief is empty: say what the subagent should do")
+    files = call.input.get("files") or []
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        return ToolOutcome(error="files is a list of paths in your workspace")
+    if len(files) > MAX_DELEGATED_PATHS:
+        return ToolOutcome(
+            error=f"files names {len(files)} paths; a delegate call copies at most "
+            f"{MAX_DELEGATED_PATHS} (name a directory to copy what it holds)"
+        )
     try:
-        child = await turn.start_child(agent, brief, call.id)
-    except DepthExceeded as exc:
+        child = await turn.start_child(agent, brief, call.id, [f.strip("/") for f in files])
+    except (DepthExceeded, FilesNotCopied) as exc:
         return ToolOutcome(error=str(exc))
     except NotAChild as exc:
         return ToolOutcome(error=f"the task {exc} is not this call's subagent")

@@ -166,8 +166,11 @@ class ToolTurn(AskingTurn, Protocol):
     def subagent_names(self) -> tuple[str, ...]: ...
     @property
     def max_subagents(self) -> int: ...
-    async def start_child(self, agent: str, brief: str, tool_call_id: str) -> Child:
-        """The call's child task, started or found (DepthExceeded past the limit)."""
+    async def start_child(
+        self, agent: str, brief: str, tool_call_id: str, files: Sequence[str]
+    ) -> Child:
+        """The call's child task with ``files`` copied into its workspace, started
+        or found (DepthExceeded past the limit, FilesNotCopied)."""
 
     def child_events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]: ...
     async def emit_body(self, event_type: str, body: str) -> None:

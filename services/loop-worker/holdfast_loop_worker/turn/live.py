@@ -537,7 +537,9 @@ class LiveTurn:
     def max_subagents(self) -> int:
         return self.ctx.max_subagents
 
-    async def start_child(self, agent: str, brief: str, tool_call_id: str) -> Child:
+    async def start_child(
+        self, agent: str, brief: str, tool_call_id: str, files: Sequence[str]
+    ) -> Child:
         children = self.ctx.subagents
         assert children is not None, "delegate calls are routed only with subagents"
         job = self.job
@@ -548,7 +550,7 @@ class LiveTurn:
                 f"({self.ctx.max_subagent_depth}) allows no deeper delegation; do the work yourself"
             )
         parent = Parent(job.tenant_id, job.task_id, job.turn_id, self.user_id, self.model, depth)
-        return await children.start(parent, agent, brief, tool_call_id)
+        return await children.start(parent, agent, brief, tool_call_id, files)
 
     def child_events(self, child: Child, after_seq: int) -> AsyncIterator[list[LoggedEvent]]:
         assert self.ctx.subagents is not None
