@@ -154,3 +154,35 @@ async def test_running_and_waiting_turns(
         again = await execute(client, base, key, {"message": "hi", "task_id": names[2]})
     assert again.status == 200
     assert again.events[-1]["phase"] == "completed"
+
+
+async def test_a_subagents_turn_counts_as_a_running_turn(
+    limited: EngineProcesses, database_url: str, sessions: Any
+) -> None:
+    """A ``delegate`` call writes a turn: at the tenant's running turns limit it
+    starts no child, and its result says why."""
+    key = new_tenant(database_url)
+    base = limited.url
+    busy, parent = (f"{n}-{secrets.token_hex(3)}" for n in ("busy", "delegating"))
+    brief = "/script " + json.dumps({"text": "found it"})
+    delegate = {"name": "delegate", "input": {"agent": "researcher", "brief": brief}}
+    message = "/script " + json.dumps({"tool_calls": [delegate]})
+    async with httpx.AsyncClient(timeout=60) as client:
+        slow = asyncio.create_task(execute(client, base, key, {"message": SLOW, "task_id": busy}))
+        await until_turn_in(sessions, busy, ("running",))
+        # The parent is the tenant's second running turn; its child would be the third.
+        refused = await execute(client, base, key, {"message": message, "task_id": parent})
+        cancel = await client.post(
+            f"{base}/execute/cancel", json={"task_id": busy}, headers={"X-Engine-Key": key}
+        )
+        assert cancel.status_code == 200, cancel.text
+        await slow
+        # With the slot free, the same call starts its child.
+        allowed = await execute(client, base, key, {"message": message, "task_id": parent})
+    assert refused.events[-1]["phase"] == "completed", refused.events[-3:]
+    result = next(e for e in refused.events if e["type"] == "tool_result")
+    assert "HOLDFAST_TENANT_MAX_RUNNING_TURNS" in (result.get("error") or ""), result
+    assert not [e for e in refused.events if e["type"] == "subagent_started"]
+    assert allowed.events[-1]["phase"] == "completed", allowed.events[-3:]
+    result = next(e for e in allowed.events if e["type"] == "tool_result" and not e.get("subagent"))
+    assert result.get("output") == "found it", result

@@ -14,13 +14,10 @@ Three, each off at 0 (the default):
   counts as running: it starts as soon as a worker is free.)
 
 Over a limit the request is answered 429 ``RATE_LIMITED`` with ``Retry-After``
-and ``details.limit`` naming the setting, before anything is written. The turn
-counts are read from PostgreSQL's ``turns.status`` — the record every ending
-path (completed, errored, cancelled, parked, a worker's crash and takeover)
-already keeps — so nothing can leak a slot; a per-tenant advisory lock, held by
-the transaction that writes the turn, keeps concurrent requests from
-overshooting. A turn promoted from a task's own queue when its predecessor ends
-was accepted already and is not refused again.
+and ``details.limit`` naming the setting, before anything is written. How the
+turns are counted: ``holdfast_shared.tenantturns`` (the loop-worker counts a
+subagent's turn the same way). A turn promoted from a task's own queue when
+its predecessor ends was accepted already and is not refused again.
 """
 
 from __future__ import annotations
@@ -29,17 +26,14 @@ import hashlib
 import math
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import cast
 
-from holdfast_shared.db.models import Task, Turn
+from holdfast_shared import tenantturns
 from holdfast_shared.errors import ErrorCode
 from holdfast_shared.keys import Keys
 from holdfast_shared.settings import Settings
-from holdfast_shared.turnqueue import PENDING
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_gateway.errors import ApiError
@@ -68,8 +62,6 @@ return {1, 0}
 """
 
 _RATE_SHA = hashlib.sha1(_RATE.encode()).hexdigest()
-_WAITING = PENDING
-_ACTIVE = ("queued", "running")
 
 
 def _refuse(message: str, limit: str, maximum: int, retry_after: int) -> ApiError:
@@ -106,58 +98,22 @@ async def check_rate(redis: Redis, keys: Keys, settings: Settings, tenant_id: st
     )
 
 
-async def _serialise(session: AsyncSession, tenant_id: str) -> None:
-    """Hold the tenant's turn-count lock until ``session``'s transaction ends."""
-    await session.execute(
-        select(func.pg_advisory_xact_lock(func.hashtext(f"holdfast:tenant-turns:{tenant_id}")))
-    )
-
-
-async def _count(session: AsyncSession, tenant_id: str, statuses: tuple[str, ...]) -> int:
-    found = await session.scalar(
-        select(func.count())
-        .select_from(Turn)
-        .join(Task, Task.id == Turn.task_id)
-        .where(Task.tenant_id == tenant_id, Turn.status.in_(statuses))
-    )
-    return int(found or 0)
-
-
-@dataclass(frozen=True, slots=True)
-class _TurnLimit:
-    statuses: tuple[str, ...]
-    setting: str
-    # What the counted turns are doing, and when to retry (for the message).
-    doing: str
-    retry_when: str
-
-
-_RUNNING = _TurnLimit(_ACTIVE, "HOLDFAST_TENANT_MAX_RUNNING_TURNS", "running", "one ended")
-_QUEUED = _TurnLimit(_WAITING, "HOLDFAST_TENANT_MAX_QUEUED_TURNS", "waiting to run", "they started")
-
-
 async def check_new_turn(session: AsyncSession, settings: Settings, tenant_id: str) -> None:
     """Before a turn that starts now (``queued`` for a worker) is written in ``session``'s
     transaction: 429 when the tenant is at its running turns limit."""
-    await _check_turns(session, tenant_id, _RUNNING, settings.tenant_max_running_turns)
+    await _check_turns(session, tenant_id, tenantturns.RUNNING, settings.tenant_max_running_turns)
 
 
 async def check_waiting_turn(session: AsyncSession, settings: Settings, tenant_id: str) -> None:
     """Before a message is stored to wait for its task (``on_busy``) in ``session``'s
     transaction: 429 when the tenant is at its queued turns limit."""
-    await _check_turns(session, tenant_id, _QUEUED, settings.tenant_max_queued_turns)
+    await _check_turns(session, tenant_id, tenantturns.WAITING, settings.tenant_max_queued_turns)
 
 
-async def _check_turns(session: AsyncSession, tenant_id: str, limit: _TurnLimit, most: int) -> None:
-    """429 when the tenant has ``most`` turns in ``limit``'s statuses or more (0: no limit)."""
-    if most <= 0:
-        return
-    await _serialise(session, tenant_id)
-    if (found := await _count(session, tenant_id, limit.statuses)) >= most:
-        raise _refuse(
-            f"tenant {tenant_id!r} has {found} turns {limit.doing} "
-            f"({limit.setting}={most}); retry once {limit.retry_when}",
-            limit.setting,
-            most,
-            TURNS_RETRY_AFTER_SECONDS,
-        )
+async def _check_turns(
+    session: AsyncSession, tenant_id: str, limit: tenantturns.TurnLimit, most: int
+) -> None:
+    try:
+        await tenantturns.check_turns(session, tenant_id, limit, most)
+    except tenantturns.AtTurnLimit as exc:
+        raise _refuse(str(exc), limit.setting, most, TURNS_RETRY_AFTER_SECONDS) from None

@@ -200,7 +200,9 @@ def _turn_context(
         deadline_seconds=settings.turn_deadline_seconds,
         hitl_ttl_seconds=settings.channel_state_ttl_hitl,
         agent_models=settings.agent_models,
-        subagents=Subagents(sessions, redis, keys, eventlog, lock),
+        subagents=Subagents(
+            sessions, redis, keys, eventlog, lock, settings.tenant_max_running_turns
+        ),
         max_subagents=settings.max_subagents_per_turn,
         max_subagent_depth=settings.max_subagent_depth,
     )

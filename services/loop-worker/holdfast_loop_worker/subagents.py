@@ -11,8 +11,11 @@ promoted one — rows in one transaction (the turn with ``lease_until`` now,
 its message), then its ``started`` under a fresh epoch, then the job — so
 a worker that dies after the commit leaves a turn the stale-turn sweep
 announces and queues (``recovery._announce_promoted``), never one started
-twice. A copy that fails leaves the child task without a turn (deleted
-with its parent); the call's result says why.
+twice. A child's turn counts against ``HOLDFAST_TENANT_MAX_RUNNING_TURNS``
+as a client's does (``holdfast_shared.tenantturns``). A copy that fails, or
+a tenant at that limit, leaves the child task without a turn (deleted with
+its parent, or carried on by a later run of the call); the call's result
+says why.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from holdfast_shared import cancels
+from holdfast_shared import cancels, tenantturns
 from holdfast_shared.conversation import user_content
 from holdfast_shared.db.models import Message, Task, Turn
 from holdfast_shared.errors import Superseded
@@ -106,6 +109,8 @@ class Subagents:
     keys: Keys
     eventlog: EventLog
     lock: TurnLock
+    # HOLDFAST_TENANT_MAX_RUNNING_TURNS: a child's turn counts as a client's does.
+    max_running_turns: int = 0
 
     async def depth_of(self, task_id: str) -> int:
         async with self.sessions() as session:
@@ -141,6 +146,9 @@ class Subagents:
             await session.execute(select(Task.id).where(Task.id == task_id).with_for_update())
             if (found := await _first_turn(session, task_id)) is not None:
                 return Child(task_id, name, found, agent, depth)
+            await tenantturns.check_turns(
+                session, parent.tenant_id, tenantturns.RUNNING, self.max_running_turns
+            )
             # No turn of the task was ever committed: whatever holds its lock
             # is a run that died before its commit.
             holder = await self.lock.holder(task_id)

@@ -39,6 +39,7 @@ from holdfast_shared.events import (
     Usage,
 )
 from holdfast_shared.jobs import ToolOutcome
+from holdfast_shared.tenantturns import AtTurnLimit
 from holdfast_shared.tools import MAX_DELEGATED_PATHS
 
 from holdfast_loop_worker.subagents import (
@@ -71,6 +72,10 @@ async def delegate(turn: ToolTurn, call: PendingCall) -> ToolOutcome:
         child = await turn.start_child(agent, brief, call.id, [f.strip("/") for f in files])
     except (DepthExceeded, FilesNotCopied) as exc:
         return ToolOutcome(error=str(exc))
+    except AtTurnLimit as exc:
+        return ToolOutcome(
+            error=f"no subagent started: {exc}. Do the work yourself, or delegate it later"
+        )
     except NotAChild as exc:
         return ToolOutcome(error=f"the task {exc} is not this call's subagent")
     seen = turn.seen.subagents.get(call.id) or SubagentsSeen()
