@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from holdfast_shared.db.models import Execution, ExecutionCheckpoint, Message, Turn
+from holdfast_shared.db.models import Execution, ExecutionCheckpoint, Message, Task, Turn
 from holdfast_shared.keys import Keys
 from redis.asyncio import Redis
 from sqlalchemy import select
@@ -640,3 +640,59 @@ async def test_pause_cuts_a_streaming_model_call_short(cluster: EngineProcesses,
         e["text"] for e in log.events if e["type"] == "text_delta" and e["seq"] not in dropped
     )
     assert text == "word " * 100, "the cut call ran again whole"
+
+
+async def test_a_pause_reaches_its_subagents_and_a_resume_takes_them_on(
+    api: Api, sessions: Any
+) -> None:
+    """#27: a pause of an execution waiting for a subagent pauses the child's turn
+    too (it has no execution of its own), and the resume goes on with both: the
+    child's answer whole, each of its events once in the parent's stream."""
+    words = 120
+    brief = script(text="w ", deltas=words, delay_ms=40)
+    delegate = {"name": "delegate", "input": {"agent": "researcher", "brief": brief}}
+    created = await api.create(input=script(tool_calls=[delegate]))
+    execution_id = created["id"]
+    seen = await until_logged(
+        api.client,
+        api.base,
+        api.key,
+        execution_id,
+        lambda events: any(e["type"] == "text_delta" and e.get("subagent") for e in events),
+        "no child text in the parent's stream",
+    )
+    child = next(e for e in seen if e["type"] == "subagent_started")["subagent"]["task_id"]
+    assert (await api.call("POST", f"/v1/execution/{execution_id}/pause")).status_code == 202
+    await api.wait(execution_id, "paused")
+
+    async def child_paused() -> bool:
+        async with sessions() as session:
+            status = await session.scalar(
+                select(Turn.status).join(Task, Task.id == Turn.task_id).where(Task.name == child)
+            )
+        return status == "paused"
+
+    await until(child_paused)
+    resumed = await api.call("POST", f"/v1/execution/{execution_id}/resume", {})
+    assert resumed.status_code == 200, resumed.text
+    await api.wait(execution_id, "completed", within=60)
+    got = await replay(api.client, api.base, api.key, {"task_id": execution_id, "after": 0})
+    mirrored = [e for e in got.events if e.get("subagent")]
+    child_seqs = [e["subagent"]["seq"] for e in mirrored if "seq" in e["subagent"]]
+    assert len(child_seqs) == len(set(child_seqs)), "each child event once"
+    # A child's model call the pause cut off ran again on resume: its
+    # turn_resumed (mirrored too) names the partial output to drop, by child seq.
+    dropped = {
+        seq
+        for e in mirrored
+        if e["type"] == "turn_resumed" and e.get("discard_from_seq")
+        for seq in range(e["discard_from_seq"], e["discard_to_seq"] + 1)
+    }
+    texts = [
+        e["text"]
+        for e in mirrored
+        if e["type"] == "text_delta" and e["subagent"]["seq"] not in dropped
+    ]
+    assert texts == ["w "] * words
+    result = next(e for e in got.events if e["type"] == "tool_result" and not e.get("subagent"))
+    assert result["output"] == "w " * words

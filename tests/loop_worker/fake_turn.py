@@ -78,6 +78,10 @@ class FakeTurn:
     questions: list[Question] = field(default_factory=list)
 
     @property
+    def pausable(self) -> bool:
+        return self.execution is not None
+
+    @property
     def task_name(self) -> str:
         return self.job.task_id
 

@@ -24,6 +24,10 @@ points and leave the rest here; every hook gets the turn's handle
   for a failed step with ``retry`` left, a rollback to the last checkpoint
   and a resume after the backoff).
 
+A subagent's turn (its task delegated to by another) pauses the same way,
+reached by its parent execution's pause (the gateway sets its request too),
+without the rest: it has no execution row, checkpoints or retries.
+
 A paused turn (``turns.status = paused``) is neither claimed (``lease.py``
 claims queued, running and parked turns only) nor requeued by ``recovery.py``
 (queued and running only): only a resume (the gateway sets it ``running`` and
@@ -98,6 +102,8 @@ class TurnHandle(Protocol):
     @property
     def execution(self) -> ExecutionRun | None: ...
     @property
+    def pausable(self) -> bool: ...
+    @property
     def task_name(self) -> str: ...
     async def snapshot(self, reason: str, *, advance: bool = True) -> None: ...
     async def keep_task_while_parked(self) -> None: ...
@@ -165,11 +171,13 @@ class ExecutionRun:
 
 async def at_boundary(turn: TurnHandle, ctx: _Context) -> None:
     """Between two steps: pause if asked to, take an automatic checkpoint if due."""
-    run = turn.execution
-    if run is None:
+    if not turn.pausable:
         return
     if await ctx.redis.get(ctx.keys.pause(turn.job.task_id)) == turn.job.turn_id:
         raise PauseRequested()
+    run = turn.execution
+    if run is None:
+        return  # a subagent's turn: paused with its parent, never checkpointed
     interval = run.checkpoint_interval_seconds
     now = datetime.now(UTC)
     if interval is not None and now - run.last_checkpoint >= timedelta(seconds=interval):
@@ -223,7 +231,7 @@ def interrupt_for_pause(runner: _RunsTurn) -> None:
     that call would otherwise stream whole before the turn parks.
     """
     turn = runner.handle
-    if turn.execution is not None:
+    if turn.pausable:
         turn.interrupt_for_pause()
 
 
@@ -287,11 +295,13 @@ async def park_paused(turn: TurnHandle, ctx: _Context, *, cut: bool = False) -> 
 
 async def turn_ended(turn: TurnHandle, ctx: _Context, status: str, last: list[Any]) -> None:
     """After the turn's end is recorded: the execution's status, or a retry."""
+    job = turn.job
+    if turn.pausable:
+        # A pause that came too late to be carried out.
+        await ctx.redis.delete(ctx.keys.pause(job.task_id))
     run = turn.execution
     if run is None:
         return
-    job = turn.job
-    await ctx.redis.delete(ctx.keys.pause(job.task_id))
     error = next((e for e in last if isinstance(e, ErrorEvent)), None)
     active_ms = turn.active_ms()
     if status == "errored" and error is not None and error.error not in _NOT_RETRIED:

@@ -299,14 +299,15 @@ class Subagents:
         return "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
 
     async def stop_children(self, tenant_id: str, task_id: str) -> int:
-        """Cancel the turns of ``task_id``'s children still under way (its turn
-        ended: nothing waits for them). Each child's own end stops its children."""
+        """Cancel the turns of ``task_id``'s children still under way or paused
+        (its turn ended: nothing waits for them). Each child's own end stops its
+        children."""
         async with self.sessions() as session:
             running = (
                 await session.execute(
                     select(Turn.task_id, Turn.id)
                     .join(Task, Task.id == Turn.task_id)
-                    .where(Task.parent_task_id == task_id, Turn.status.in_(ACTIVE))
+                    .where(Task.parent_task_id == task_id, Turn.status.in_((*ACTIVE, "paused")))
                 )
             ).all()
         for child_task, child_turn in running:

@@ -26,6 +26,7 @@ from holdfast_shared.db.models import (
     Execution,
     ExecutionCheckpoint,
     Message,
+    Task,
     Turn,
 )
 from holdfast_shared.executions.wire import CheckpointOut, ExecutionOut, Status
@@ -190,11 +191,13 @@ async def add_checkpoint(
 
 
 async def lock_for_pause(session: AsyncSession, task_id: str) -> None:
-    """Hold the task's execution row until ``session`` ends: a worker parking its
-    turn on a pause and a resume withdrawing that pause take it, so the parking
-    worker reads the pause request (``Keys.pause``) either before the resume or
-    after it withdrew it, never in between (a pause taken back by a resume the
-    client was told succeeded)."""
+    """Hold the task's row and its execution's until ``session`` ends: a worker
+    parking its turn on a pause and a resume withdrawing that pause take one of
+    them (an execution's resume its execution row, a subagent's resume its
+    task's row), so the parking worker reads the pause request (``Keys.pause``)
+    either before the resume or after it withdrew it, never in between (a pause
+    taken back by a resume the client was told succeeded)."""
+    await session.execute(select(Task.id).where(Task.id == task_id).with_for_update(key_share=True))
     await session.execute(
         select(Execution.id).where(Execution.task_id == task_id).with_for_update()
     )

@@ -53,7 +53,7 @@ from holdfast_shared.workspace_checkpoints.requests import (
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from holdfast_gateway import errors
+from holdfast_gateway import errors, subagentpauses
 from holdfast_gateway.cancelling import request_cancel
 from holdfast_gateway.deps import JsonBody, StateDep, TenantDep, require_agent
 from holdfast_gateway.errors import ApiError
@@ -339,15 +339,11 @@ async def pause_execution(
             f"execution {execution_id!r} is {row.status}, not running",
             {"execution_id": execution_id, "status": row.status},
         )
-    # Kept as long as a paused turn may wait; a resume or the turn's end clears it.
-    await state.redis.set(
-        state.keys.pause(row.task_id),
-        row.turn_id,
-        ex=state.settings.channel_state_ttl_hitl + 3600,
-    )
     # The worker running the turn cuts a streaming model call short (else the
     # flag parks it at its next step boundary, whoever runs it then).
-    await state.redis.publish(state.keys.pauses, f"{row.task_id} {row.turn_id}")
+    await subagentpauses.request_pause(state, row.task_id, row.turn_id)
+    # Its subagents' turns pause too (a parent waiting for them is cut short).
+    await subagentpauses.pause(state, row.task_id)
     async with state.sessions.begin() as session:
         turn_status = await session.scalar(select(Turn.status).where(Turn.id == row.turn_id))
         if turn_status == "parked":
@@ -434,6 +430,8 @@ async def resume_execution(
             ) from None
         raise
     await queue_turn(state.redis, state.keys, TurnJob.resuming(tenant, row.task_id, turn_id))
+    # Its subagents go on too: the resumed turn's delegate calls find them.
+    await subagentpauses.resume(state, tenant, row.task_id)
     return await _reread(state, execution_id)
 
 

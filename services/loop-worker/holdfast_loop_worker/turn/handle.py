@@ -10,8 +10,8 @@ engine's implementation.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,6 +77,11 @@ class TurnHandle(Protocol):
     seen: Seen
     stop: TurnStop
     execution: executions.ExecutionRun | None
+    # Inside a wait a pause cuts short (a model call's stream, the wait for
+    # subagents): see :func:`cut_by_pause`.
+    streaming: bool
+    # A pause published while no such wait ran: the next one is cut as it starts.
+    pause_pending: bool
     # The usage totals last sent as an event by this worker.
     reported_usage: dict[str, int] | None
     # The JSON Schema the turn's answer must meet (``output_schema``), if any.
@@ -84,6 +89,10 @@ class TurnHandle(Protocol):
 
     @property
     def task_name(self) -> str: ...
+    @property
+    def pausable(self) -> bool:
+        """An execution's turn or a subagent's: a pause request may reach it."""
+
     @property
     def provider_name(self) -> str | None: ...
     @property
@@ -106,16 +115,27 @@ class TurnHandle(Protocol):
     def interrupt_for_pause(self) -> None: ...
 
 
+@contextmanager
+def cut_by_pause(turn: TurnHandle) -> Iterator[None]:
+    """A wait a pause cuts short instead of awaiting it (the pause listener's
+    ``interrupt_for_pause`` stops the turn while ``streaming`` is set). Set and
+    cleared with no await between it and the wait, so the cut lands inside it;
+    a pause published just before (``pause_pending``) cuts it as it starts."""
+    turn.streaming = True
+    if turn.pause_pending:
+        turn.stop.request("pause")
+    try:
+        yield
+    finally:
+        turn.streaming = False
+
+
 class ModelTurn(TurnHandle, Protocol):
     """The model step's (model_step.py)."""
 
     # The blocks of the model call under way or cut off, if any (a cancel or a
     # deadline closes them); None once a call completed.
     stream: StreamBlocks | None
-    # Inside a model call's stream, where a pause cuts it off.
-    streaming: bool
-    # A pause published while no model call streamed: the next call is cut as it starts.
-    pause_pending: bool
 
     @property
     def retry_attempts(self) -> int: ...

@@ -115,6 +115,8 @@ class LiveTurn:
         # Stops requested from outside (cancel, hand-back, pause): see stopping.py.
         self.stop = TurnStop()
         self.execution: executions.ExecutionRun | None = None
+        # The task that delegated to this turn's task (a subagent's), read when claimed.
+        self.subagent_of: str | None = None
         self.stream: StreamBlocks | None = None
         self.streaming = False
         self.resuming = False
@@ -253,6 +255,11 @@ class LiveTurn:
 
     async def requeue(self, job: TurnJob) -> None:
         await queue_turn(self.ctx.redis, self.ctx.keys, job)
+
+    @property
+    def pausable(self) -> bool:
+        """An execution's turn, or a subagent's (its parent's pause reaches it)."""
+        return self.execution is not None or self.subagent_of is not None
 
     def interrupt_for_pause(self) -> None:
         """A pause published for this turn: a model call streaming now is cut off;

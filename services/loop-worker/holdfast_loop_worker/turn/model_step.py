@@ -30,7 +30,7 @@ from holdfast_loop_worker.context.tokens import (
 from holdfast_loop_worker.modelcalls import observed_model_call
 from holdfast_loop_worker.steering import taken_in
 from holdfast_loop_worker.turn.ending import ESTIMATED_CALLS, usage_so_far
-from holdfast_loop_worker.turn.handle import ModelTurn, TurnHandle
+from holdfast_loop_worker.turn.handle import ModelTurn, TurnHandle, cut_by_pause
 from holdfast_loop_worker.turn_state import PendingCall
 
 log = logging.getLogger(__name__)
@@ -130,16 +130,10 @@ async def _call(
             on_restart=call.take_back,
         ),
     )
-    # A pause may cut a model call short (executions.interrupt_for_pause): the
-    # flag is set with no await between it and the stream.
-    turn.streaming = True
-    if turn.pause_pending:
-        turn.stop.request("pause")
-    try:
+    # A pause may cut a model call short (executions.interrupt_for_pause).
+    with cut_by_pause(turn):
         # The endpoint is held by model_step around every call of the step.
         blocks, stop_reason = await call.run(stream)
-    finally:
-        turn.streaming = False
     turn.state.calibration = recalibrate(
         turn.state.calibration, prepared.tokens, call.prompt_tokens
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,19 +52,30 @@ def end_statements(
     ]
 
 
-async def turn_to_run(
-    session: AsyncSession, turn_id: str
-) -> tuple[Turn, str, dict[str, Any] | None, float | None] | None:
-    """The turn's row with its task's name and what the task's last turn left
-    (working memory, token calibration); None when its task was deleted."""
+@dataclass(frozen=True, slots=True)
+class TurnToRun:
+    """The turn's row, with what its task's row says."""
+
+    row: Turn
+    task_name: str
+    # What the task's last turn left: its working memory and token calibration.
+    stored_memory: dict[str, Any] | None
+    stored_calibration: float | None
+    # The task that delegated to this one (a subagent's), if any.
+    parent_task_id: str | None
+
+
+async def turn_to_run(session: AsyncSession, turn_id: str) -> TurnToRun | None:
+    """The turn's row and its task's; None when its task was deleted."""
     found = (
         await session.execute(
-            select(Turn, Task.name, Task.working_memory, Task.token_calibration)
+            select(
+                Turn, Task.name, Task.working_memory, Task.token_calibration, Task.parent_task_id
+            )
             .join(Task, Task.id == Turn.task_id)
             .where(Turn.id == turn_id)
         )
     ).first()
     if found is None:
         return None
-    row, name, memory, calibration = found
-    return row, name, memory, calibration
+    return TurnToRun(*found)

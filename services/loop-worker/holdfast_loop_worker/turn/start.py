@@ -27,8 +27,10 @@ async def load_turn(turn: LiveTurn) -> Turn | None:
         found = await turn_to_run(session, turn.job.turn_id)
     if found is None:
         return None  # its task was deleted
-    row = found[0]
-    turn.emitter.task_name, turn.stored_memory, turn.stored_calibration = found[1:]
+    row = found.row
+    turn.emitter.task_name = found.task_name
+    turn.stored_memory, turn.stored_calibration = found.stored_memory, found.stored_calibration
+    turn.subagent_of = found.parent_task_id
     if row.status not in ("queued", "running", "parked"):
         return None
     turn.agent = turn.job.agent or row.agent

@@ -37,7 +37,7 @@ from holdfast_shared.tools import (
 )
 
 from holdfast_loop_worker.turn.delegation import delegate
-from holdfast_loop_worker.turn.handle import ToolTurn
+from holdfast_loop_worker.turn.handle import ToolTurn, cut_by_pause
 from holdfast_loop_worker.turn.hitl import ask_user, permission, settle_unknown
 from holdfast_loop_worker.turn_state import PendingCall
 
@@ -173,7 +173,12 @@ async def run_tools(turn: ToolTurn) -> None:
 
 
 async def _run_at_once(turn: ToolTurn, calls: list[PendingCall]) -> None:
-    """``calls`` side by side, at most ``turn.max_subagents`` at a time."""
+    """``calls`` side by side, at most ``turn.max_subagents`` at a time.
+
+    A pause cuts the wait short (the children pause too, reached by the
+    gateway): the turn parks at the step's start, and on resume each call
+    finds its child and goes on from the last event it mirrored (``resume.py``)
+    or, ended meanwhile, from its logged end."""
     limit = asyncio.Semaphore(turn.max_subagents)
 
     async def one(call: PendingCall) -> None:
@@ -181,9 +186,10 @@ async def _run_at_once(turn: ToolTurn, calls: list[PendingCall]) -> None:
             outcome = await _logged_or_run(turn, call)
         call.outcome = outcome.model_dump()
 
-    async with asyncio.TaskGroup() as group:
-        for call in calls:
-            group.create_task(one(call))
+    with cut_by_pause(turn):
+        async with asyncio.TaskGroup() as group:
+            for call in calls:
+                group.create_task(one(call))
 
 
 async def _logged_or_run(turn: ToolTurn, call: PendingCall) -> ToolOutcome:
