@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from holdfast_loop_worker.modelcalls import observed_model_call
 from holdfast_shared.jobs import ToolCallJob, ToolOutcome, TurnJob
 from holdfast_shared.logs import JsonFormatter, bind_turn
 from holdfast_shared.observability import metrics, tracing
@@ -30,6 +29,7 @@ from holdfast_shared.providers.base import (
     TextChunk,
     UsageReport,
 )
+from holdfast_shared.providers.calls import observed_model_call
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,

@@ -26,7 +26,7 @@ from holdfast_shared.providers.base import (
     ToolSpec,
     UsageReport,
 )
-from holdfast_shared.providers.retry import StreamInterrupted, stream_with_retries
+from holdfast_shared.providers.calls import StreamInterrupted, stream_with_retries
 
 from tests.providers import fake_anthropic as fake
 from tests.providers.streams import CLOCK, SYSTEM, WEATHER, collect, collect_until_error, user

@@ -23,8 +23,8 @@ from holdfast_shared.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
+from holdfast_shared.providers.calls import StreamInterrupted, stream_with_retries
 from holdfast_shared.providers.gemini import GeminiProvider, from_env
-from holdfast_shared.providers.retry import StreamInterrupted, stream_with_retries
 
 from tests.providers import fake_gemini as fake
 from tests.providers.streams import SYSTEM, WEATHER, collect, user

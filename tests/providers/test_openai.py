@@ -22,13 +22,13 @@ from holdfast_shared.providers.base import (
     ToolSpec,
     UsageReport,
 )
+from holdfast_shared.providers.calls import StreamInterrupted, stream_with_retries
 from holdfast_shared.providers.openai import (
     OpenAIProvider,
     default_max_tokens_param,
     from_env,
     parse_retry_after,
 )
-from holdfast_shared.providers.retry import StreamInterrupted, stream_with_retries
 
 from tests.providers import fake_openai as fake
 from tests.providers.streams import CLOCK, SYSTEM, WEATHER, collect, collect_until_error, user

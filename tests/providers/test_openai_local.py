@@ -15,13 +15,13 @@ from holdfast_loop_worker.turn.model_step import model_step
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.providers import ModelChoice, ProviderError
 from holdfast_shared.providers.base import ModelRequest
+from holdfast_shared.providers.calls import stream_with_retries
 from holdfast_shared.providers.openai import (
     OpenAIProvider,
     folds_system,
     from_env,
     system_as_user_patterns,
 )
-from holdfast_shared.providers.retry import stream_with_retries
 
 from tests.providers import fake_openai as fake
 from tests.providers.apis import OPENAI

@@ -38,7 +38,7 @@ from holdfast_shared.providers.base import (
     ToolInputChunk,
     UsageReport,
 )
-from holdfast_shared.providers.retry import stream_with_retries
+from holdfast_shared.providers.calls import stream_with_retries
 from pydantic import ValidationError
 from redis.asyncio import Redis
 

@@ -32,7 +32,7 @@ from holdfast_shared.events import USAGE_COUNTS
 from holdfast_shared.jobs import ToolOutcome
 from holdfast_shared.providers import ModelChoice, ProviderError, TextChunk, UsageReport
 from holdfast_shared.providers.base import ModelRequest
-from holdfast_shared.providers.retry import stream_with_retries
+from holdfast_shared.providers.calls import stream_with_retries
 from holdfast_shared.skills import SkillSummary
 from holdfast_shared.tools import BASH, LIST_DIR, READ_FILE
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker

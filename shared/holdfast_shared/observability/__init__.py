@@ -3,8 +3,8 @@
 ``metrics`` (every Prometheus series, defined once), ``tracing``
 (OpenTelemetry, on only with an OTLP endpoint), ``scopes`` (the one-line
 hooks where requests, turns and tool calls start), ``process`` (a service's
-start-up). The GenAI spans and model metrics of a turn's model calls are the
-loop-worker's own (``holdfast_loop_worker.modelcalls``). The stream and
+start-up). The GenAI spans and model metrics of a turn's model calls are
+made where the call is (``holdfast_shared.providers.calls``). The stream and
 HITL gauges the gateway reads on scrape are the gateway's own
 (``holdfast_gateway.queuegauges``). See docs/operations.md.
 

@@ -1,5 +1,5 @@
 """How long a server asks to be left alone: its retry headers, read one way for
-every provider (``ProviderError.retry_after``, which ``retry.py`` honours).
+every provider (``ProviderError.retry_after``, which ``calls.py`` honours).
 
 In order: ``retry-after-ms`` (OpenAI's and Anthropic's own, exact), then
 ``retry-after`` (seconds, or an HTTP date), then — a 429 that says neither —

@@ -40,7 +40,7 @@ from holdfast_shared.providers.base import (
     TextChunk,
     UsageReport,
 )
-from holdfast_shared.providers.retry import stream_with_retries
+from holdfast_shared.providers.calls import stream_with_retries
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker

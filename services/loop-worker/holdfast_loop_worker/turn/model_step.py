@@ -15,7 +15,7 @@ from typing import Any
 from holdfast_shared.errors import ErrorCode, StepInterrupted
 from holdfast_shared.events import TurnResumed, UserMessage
 from holdfast_shared.providers import ModelChoice, ModelEvent, ProviderError, UsageReport
-from holdfast_shared.providers.retry import stream_with_retries
+from holdfast_shared.providers.calls import stream_with_retries
 
 import holdfast_loop_worker.turn.result as result
 from holdfast_loop_worker.blocks import Block, StreamBlocks
@@ -27,7 +27,6 @@ from holdfast_loop_worker.context.tokens import (
     plausible,
     recalibrate,
 )
-from holdfast_loop_worker.modelcalls import observed_model_call
 from holdfast_loop_worker.steering import taken_in
 from holdfast_loop_worker.turn.ending import ESTIMATED_CALLS, usage_so_far
 from holdfast_loop_worker.turn.handle import ModelTurn, TurnHandle, cut_by_pause
@@ -120,15 +119,12 @@ async def _call(
 ) -> tuple[list[Block], str]:
     """One model call; its reported prompt size calibrates the next estimates."""
     call = _ShownCall(turn, prepared.tokens)
-    stream = observed_model_call(
-        choice.provider.name,
-        choice.model,
-        stream_with_retries(
-            choice.provider,
-            prepared.request,
-            attempts=turn.retry_attempts,
-            on_restart=call.take_back,
-        ),
+    stream = stream_with_retries(
+        choice.provider,
+        prepared.request,
+        attempts=turn.retry_attempts,
+        on_restart=call.take_back,
+        observe=True,
     )
     # A pause may cut a model call short (executions.interrupt_for_pause).
     with cut_by_pause(turn):

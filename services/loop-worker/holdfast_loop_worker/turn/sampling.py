@@ -17,7 +17,7 @@ from holdfast_shared.events import USAGE_COUNTS
 from holdfast_shared.jobs import SamplingAnswer, ToolSampling
 from holdfast_shared.providers import ModelChoice, ProviderError, TextChunk, UsageReport
 from holdfast_shared.providers.base import Finish, ModelRequest
-from holdfast_shared.providers.retry import stream_with_retries
+from holdfast_shared.providers.calls import stream_with_retries
 
 # A server may ask for more; a sub-call is not the turn's answer.
 MAX_TOKENS = 4096
