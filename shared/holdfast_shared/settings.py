@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     # loses at most the files of the turn in flight.
     workspace_archive_on_turn_end: bool = True
 
-    # Every model call's time (holdfast_shared.providers.deadlines), whatever the
+    # Every model call's time (holdfast_shared.providers.calls), whatever the
     # provider: until its first event, between two events, and in all. The first
     # two end the attempt retryably (a hung connection, a server that stalled),
     # the last for good (a stream that never stops).

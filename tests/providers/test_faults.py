@@ -27,8 +27,12 @@ from holdfast_loop_worker.turn.model_step import model_step
 from holdfast_shared.events import ToolCall, TurnResumed, Usage, _Event, body_json
 from holdfast_shared.providers import ModelChoice
 from holdfast_shared.providers.base import ModelRequest, TextChunk
-from holdfast_shared.providers.calls import stream_with_retries
-from holdfast_shared.providers.deadlines import CallLimits, bounded, configured_limits
+from holdfast_shared.providers.calls import (
+    CallLimits,
+    bounded,
+    configured_limits,
+    stream_with_retries,
+)
 from holdfast_shared.providers.waits import retry_after
 from holdfast_shared.settings import Settings
 

@@ -1,12 +1,24 @@
-"""A model call, the same for every provider: retried, and observed when asked.
+"""A model call, the same for every provider: bounded in time, retried, and
+observed when asked.
+
+Time (:func:`bounded`). The SDKs' own timeouts watch bytes, not answers: a
+server that sends keep-alives (Anthropic's ``ping``) but no token, or tokens
+forever without a stop, would hold a turn until its deadline. :func:`bounded`
+watches the normalized events instead: the first must come within
+``first_event`` seconds, each next one within ``idle``, and the call ends
+within ``call``. A missed first event or gap is a retryable
+:class:`ProviderError` (the connection most likely hung; the call is made
+again); a call past ``call`` is not (a stream that never stops would do it
+again). Configured in one place, :class:`~holdfast_shared.settings.Settings`
+(``HOLDFAST_MODEL_*_TIMEOUT_SECONDS``).
 
 Retries (tenacity): a call that failed before it produced anything is simply
 made again. Once output reached the client, repeating the call would show
-the user text twice: a caller that can take that output back passes ``on_restart``, which
-is awaited before the next attempt (the loop-worker marks the attempt's
-events discarded, ``turn/model_step.py``); without it, or on the last
-attempt, the failure is final (:class:`StreamInterrupted`) and the loop ends
-the turn cleanly. Waits back off exponentially with jitter and never
+the user text twice: a caller that can take that output back passes
+``on_restart``, which is awaited before the next attempt (the loop-worker
+marks the attempt's events discarded, ``turn/model_step.py``); without it,
+or on the last attempt, the failure is final (:class:`StreamInterrupted`)
+and the loop ends the turn cleanly. Waits back off exponentially with jitter and never
 undercut the server's ``retry-after`` (capped at ``max_wait``).
 
 ``before_attempt`` is awaited before every attempt, the first included: the
@@ -30,7 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from opentelemetry.trace import SpanKind
 from tenacity import (
@@ -41,6 +54,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from holdfast_shared.errors import ErrorCode
 from holdfast_shared.observability import metrics, tracing
 from holdfast_shared.providers.base import (
     Finish,
@@ -50,7 +64,71 @@ from holdfast_shared.providers.base import (
     ProviderError,
     UsageReport,
 )
-from holdfast_shared.providers.deadlines import CallLimits, bounded, configured_limits
+from holdfast_shared.settings import Settings, get_settings
+
+
+@dataclass(frozen=True, slots=True)
+class CallLimits:
+    first_event: float
+    idle: float
+    call: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> CallLimits:
+        return cls(
+            settings.model_first_event_timeout_seconds,
+            settings.model_idle_timeout_seconds,
+            settings.model_call_timeout_seconds,
+        )
+
+
+def configured_limits() -> CallLimits:
+    return CallLimits.of(get_settings())
+
+
+async def bounded(
+    stream: AsyncIterator[ModelEvent], limits: CallLimits
+) -> AsyncIterator[ModelEvent]:
+    """``stream``'s events, each within its time; the stream closed when one is late."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + limits.call
+    wait, waiting_for = limits.first_event, "first event"
+    try:
+        while True:
+            left = ends - loop.time()
+            budget = min(wait, left)
+            try:
+                # Only the wait for the provider is timed: never the consumer's
+                # work between two events (a yield inside the scope would be).
+                async with asyncio.timeout(budget) as scope:
+                    event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                if not scope.expired():
+                    raise
+                raise _late(waiting_for, wait, limits.call, whole=budget >= left) from exc
+            wait, waiting_for = limits.idle, "next event"
+            yield event
+    finally:
+        if isinstance(stream, AsyncGenerator):
+            await stream.aclose()
+
+
+def _late(waiting_for: str, wait: float, call: float, *, whole: bool) -> ProviderError:
+    if whole:
+        return ProviderError(
+            ErrorCode.LLM_PROVIDER_ERROR,
+            f"the model call went on past its {call:g} s "
+            "(HOLDFAST_MODEL_CALL_TIMEOUT_SECONDS) without finishing",
+            details={"timeout": "call", "seconds": call},
+        )
+    return ProviderError(
+        ErrorCode.LLM_PROVIDER_ERROR,
+        f"the model sent no {waiting_for} within {wait:g} s",
+        details={"timeout": waiting_for.replace(" ", "_"), "seconds": wait},
+        retryable=True,
+    )
 
 
 class StreamInterrupted(ProviderError):
@@ -101,7 +179,7 @@ def stream_with_retries(
     observe: bool = False,
 ) -> AsyncIterator[ModelEvent]:
     """``provider.stream(request)``, each attempt within ``limits`` (else the
-    configured ones, ``deadlines.py``), retried on retryable failures: before
+    configured ones, :func:`configured_limits`), retried on retryable failures: before
     any output, or after it when ``on_restart`` took that output back.
     ``observe`` makes it one observed call of ``provider.name:request.model``
     (:func:`observed_model_call`), its retries included."""

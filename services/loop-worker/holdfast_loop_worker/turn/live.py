@@ -30,7 +30,7 @@ from holdfast_shared.jobs import (
 from holdfast_shared.keys import Keys
 from holdfast_shared.memory import Brain
 from holdfast_shared.providers import ModelChoice, ProviderRegistry
-from holdfast_shared.providers.deadlines import configured_limits
+from holdfast_shared.providers.calls import configured_limits
 from holdfast_shared.redisconn import BLOCK_SLICE_SECONDS, blpop_within
 from holdfast_shared.turnlock import TurnLock
 from holdfast_shared.turnqueue import queue_turn
