@@ -87,9 +87,8 @@ def _wrap(
 
 def _install_worker() -> None:
     from holdfast_loop_worker import toolcalls, turn
-    from holdfast_loop_worker.emitter import Emitter
     from holdfast_loop_worker.turn import model_step, resume
-    from holdfast_shared.eventlog import EventLog
+    from holdfast_shared.eventlog import Emitter, EventLog
 
     runner = turn.TurnRunner
     # Steps are module functions taking the turn's handle (run.py calls them

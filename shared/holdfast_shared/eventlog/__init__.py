@@ -1,4 +1,5 @@
-"""The per-task event log: append (``append.py``), read (``read.py``), and copy to
+"""The per-task event log: append (``append.py``, with a turn's coalescing
+:class:`Emitter`), read (``read.py``), and copy to
 PostgreSQL (``copier.py``, the event copier; its SQL in ``sql.py``). The Lua
 scripts are files of their own (``lua/``, loaded by ``scripts.py``).
 
@@ -30,7 +31,7 @@ just appended (from the append's answer, saving a read) and is the tests'
 oracle: tests/shared/test_eventlog.py holds the two equal.
 """
 
-from holdfast_shared.eventlog.append import Appending, next_epoch
+from holdfast_shared.eventlog.append import Appending, Emitter, next_epoch
 from holdfast_shared.eventlog.copier import Archiver, Copying
 from holdfast_shared.eventlog.read import Reading
 from holdfast_shared.eventlog.records import Appended, LoggedEvent
@@ -45,6 +46,7 @@ __all__ = [
     "Also",
     "Appended",
     "Archiver",
+    "Emitter",
     "EventLog",
     "LoggedEvent",
     "Writes",

@@ -3,10 +3,18 @@
 The script (``lua/append.lua``) assigns each event its seq and timestamp and
 writes its envelope; when the stream is gone the next seq continues from
 PostgreSQL. An append may be fenced by the turn's epoch (:func:`next_epoch`).
+
+A running turn appends through its :class:`Emitter`, which coalesces the
+turn's events into as few appends as it can: ``emit`` never waits for Redis
+while a write is already in flight, events queue up and go out together in
+the next append, so a fast model stream costs one round trip per batch
+instead of one per delta, and the first event of a quiet stream still leaves
+at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import Sequence
@@ -27,6 +35,9 @@ from holdfast_shared.observability import metrics
 from holdfast_shared.redisconn import ClusterClient
 
 log = logging.getLogger(__name__)
+
+# Past this many events queued in an Emitter, emit() waits for the writer (backpressure).
+_HIGH_WATER = 2000
 
 
 async def next_epoch(redis: Redis, keys: Keys, task_id: str) -> int:
@@ -188,3 +199,65 @@ class Appending(LogBase):
                 )
             ).one()
         return int(row[0]), int(row[1])
+
+
+class Emitter:
+    """One turn's appends to its task's log, coalesced (see the module's docstring)."""
+
+    def __init__(self, eventlog: Appending, task_id: str, turn_id: str) -> None:
+        self._log = eventlog
+        # Set when the turn is claimed; appends of a superseded epoch are refused.
+        self.epoch: int | None = None
+        # The client's name for the task, which its events carry; set with the
+        # epoch, from the task's row.
+        self.task_name = task_id
+        self._task_id = task_id
+        self._turn_id = turn_id
+        self._pending: list[tuple[str, str]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.last_seq = 0
+
+    async def emit(self, event: _Event) -> None:
+        await self.emit_body(event.type, body_json(event))
+
+    async def emit_body(self, event_type: str, body: str) -> None:
+        """Emit an event already serialised (``body_json``'s form: no envelope)."""
+        self._pending.append((event_type, body))
+        if self._writer is None or self._writer.done():
+            if self._writer is not None:
+                self._writer.result()  # surface a failed write now
+            self._writer = asyncio.create_task(self._write(), name=f"emit:{self._task_id}")
+        elif len(self._pending) >= _HIGH_WATER:
+            await asyncio.shield(self._writer)
+
+    async def drain(self) -> int:
+        """Wait until every emitted event is in the log; returns the last seq."""
+        while self._writer is not None:
+            writer = self._writer
+            await writer
+            if self._writer is writer:
+                self._writer = None
+        return self.last_seq
+
+    async def finish(self, events: list[_Event]) -> int:
+        """Append the turn's last events and free the task in one atomic step."""
+        await self.drain()
+        bodies = [(event.type, body_json(event)) for event in events]
+        appended = await self._log.append_bodies(
+            self._task_id,
+            self._turn_id,
+            bodies,
+            name=self.task_name,
+            release_lock=True,
+            epoch=self.epoch,
+        )
+        self.last_seq = appended.last_seq
+        return self.last_seq
+
+    async def _write(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            appended = await self._log.append_bodies(
+                self._task_id, self._turn_id, batch, name=self.task_name, epoch=self.epoch
+            )
+            self.last_seq = appended.last_seq

@@ -15,7 +15,7 @@ from holdfast_shared import endpoint_calls
 from holdfast_shared.agents import AgentDefinition
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import Message
-from holdfast_shared.eventlog import EventLog, LoggedEvent, Writes, one_statement
+from holdfast_shared.eventlog import Emitter, EventLog, LoggedEvent, Writes, one_statement
 from holdfast_shared.events import ToolProgress, _Event
 from holdfast_shared.jobs import (
     ElicitationAnswer,
@@ -44,7 +44,6 @@ from holdfast_loop_worker.blocks import StreamBlocks
 from holdfast_loop_worker.context.assembly import Assembled
 from holdfast_loop_worker.context.budget import Overflow
 from holdfast_loop_worker.context.engine import ContextEngine, TurnScope
-from holdfast_loop_worker.emitter import Emitter
 from holdfast_loop_worker.hitl import Answer, HumanChannel, Kind, Question
 from holdfast_loop_worker.lease import Leases
 from holdfast_loop_worker.skills import TurnSkills
