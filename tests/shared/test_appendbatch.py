@@ -1,4 +1,4 @@
-"""Appends of concurrent turns share pipelines (holdfast_shared.appendbatch), and each
+"""Appends of concurrent turns share pipelines (eventlog/append.py's AppendBatcher), and each
 keeps its own reply, its order within its task, and "not written" when cancelled
 before it was sent. Against the real Redis, through the event log."""
 

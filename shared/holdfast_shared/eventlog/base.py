@@ -5,7 +5,6 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from holdfast_shared.appendbatch import AppendBatcher
 from holdfast_shared.eventlog.scripts import (
     APPEND,
     CLAIM_AND_READ,
@@ -48,14 +47,6 @@ class LogBase:
             )
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
-        self._batcher = AppendBatcher(
-            redis,
-            APPEND,
-            self._append.sha,
-            keys.archive_dirty,
-            wait_replicas=wait_replicas,
-            wait_timeout_ms=wait_timeout_ms,
-        )
         self._mark_archived = redis.register_script(MARK_ARCHIVED)
         self._claim_and_read = redis.register_script(CLAIM_AND_READ)
         self._mark_and_release = redis.register_script(MARK_AND_RELEASE)

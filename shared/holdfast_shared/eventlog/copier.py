@@ -14,11 +14,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NoReturn
 
-from holdfast_shared.appendbatch import eval_many
 from holdfast_shared.background import every
 from holdfast_shared.eventlog.base import LogBase
 from holdfast_shared.eventlog.records import seq_of
-from holdfast_shared.eventlog.scripts import CLAIM_AND_READ, CLEAR_DIRTY, MARK_AND_RELEASE
+from holdfast_shared.eventlog.scripts import (
+    CLAIM_AND_READ,
+    CLEAR_DIRTY,
+    MARK_AND_RELEASE,
+    eval_many,
+)
 from holdfast_shared.eventlog.sql import Also, Writes, events_insert, execute_at_once, one_statement
 from holdfast_shared.events import turn_of
 
