@@ -14,7 +14,7 @@ service, SIGKILL to those still running after ``STOP_GRACE_SECONDS``, then
 the embedded servers are stopped, and the exit status is 0. The loop-workers
 drain for ``UP_DRAIN_SECONDS`` (unless ``HOLDFAST_DRAIN_SECONDS`` is set), so a
 turn in flight is snapshotted and handed back well within that grace; the
-gateway ends its open streams at once (``sseresponse.py``), and a client
+gateway ends its open streams at once (``holdfast_gateway/sse.py``), and a client
 reconnects from its cursor after the next start.
 """
 

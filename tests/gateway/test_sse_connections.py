@@ -1,4 +1,4 @@
-"""What one SSE connection costs and how it ends (sseresponse.py, fastlane.py), on real
+"""What one SSE connection costs and how it ends (sse.py, fastlane.py), on real
 gateway and worker processes: heartbeats on an idle stream, a client that leaves is let
 go at its next heartbeat, a gateway told to stop ends its streams at once, HEAD opens
 no stream, and a replay answered by the fast lane answers exactly as the full route."""

@@ -40,8 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from holdfast_gateway.cancelling import request_cancel
 from holdfast_gateway.errors import ApiError
 from holdfast_gateway.limits import check_waiting_turn
-from holdfast_gateway.sse import event_frames, frame, sse_response
-from holdfast_gateway.sseresponse import SseResponse
+from holdfast_gateway.sse import SseResponse, event_frames, frame, sse_response
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.storagequota import check_storage
 from holdfast_gateway.tasks import TaskRef, find_task, lock_task

@@ -33,8 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from holdfast_gateway import busy
 from holdfast_gateway.errors import ApiError
-from holdfast_gateway.sse import sse_response
-from holdfast_gateway.sseresponse import SseResponse
+from holdfast_gateway.sse import SseResponse, sse_response
 from holdfast_gateway.state import GatewayState
 from holdfast_gateway.tasks import TaskRef
 

@@ -7,7 +7,7 @@ reading, so the socket's buffers fill and every send waits — would grow that
 buffer for as long as the turn runs. Past ``HOLDFAST_SSE_MAX_BUFFERED_EVENTS``
 events (or ``HOLDFAST_SSE_MAX_BUFFERED_BYTES`` of them) the hub stops filling
 it and trips the connection's :class:`Guard`; the response
-(:class:`holdfast_gateway.sseresponse.SseResponse`) then ends — even while a
+(:class:`holdfast_gateway.sse.SseResponse`) then ends — even while a
 send is stuck on the client's full socket — and with it the subscription and
 everything it held. The client resumes with its cursor (``Last-Event-ID``:
 every frame it did get carries its seq) from the log; nobody else's stream is

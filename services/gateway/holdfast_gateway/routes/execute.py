@@ -32,8 +32,7 @@ from holdfast_gateway.errors import ApiError
 from holdfast_gateway.forks import ForkRequest, invalid_field
 from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.outputschema import DESCRIPTION, checked
-from holdfast_gateway.sse import event_frames, frame, sse_response
-from holdfast_gateway.sseresponse import SseResponse
+from holdfast_gateway.sse import SseResponse, event_frames, frame, sse_response
 from holdfast_gateway.turns import start_turn
 from holdfast_gateway.webhooks import accepted
 

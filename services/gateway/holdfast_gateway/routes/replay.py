@@ -24,8 +24,7 @@ from holdfast_gateway import errors
 from holdfast_gateway.deps import StateDep, engine_key
 from holdfast_gateway.openapi import SSE_CONTENT
 from holdfast_gateway.routes.auth import replay_task
-from holdfast_gateway.sse import event_frames, sse_response
-from holdfast_gateway.sseresponse import SseResponse
+from holdfast_gateway.sse import SseResponse, event_frames, sse_response
 from holdfast_gateway.streamtokens import MAX_TOKEN_CHARS
 
 router = APIRouter(tags=["execute"])
