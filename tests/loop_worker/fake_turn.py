@@ -68,6 +68,8 @@ class FakeTurn:
     # What the tool-runner answers, attempt after attempt (else: it ran).
     tool_outcomes: list[ToolOutcome] = field(default_factory=list)
     cancel_flag: bool = False
+    # The largest prompt the model answered (prompt_answered).
+    answered: int = 0
     # Recorded.
     events: list[_Event] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)
@@ -193,6 +195,12 @@ class FakeTurn:
 
     def window_filled(self, choice: ModelChoice, tokens: int) -> None:
         self.calls.append(("window_filled", tokens))
+
+    def prompt_answered(self, choice: ModelChoice, tokens: int) -> None:
+        self.answered = max(self.answered, tokens)
+
+    def largest_answered(self, choice: ModelChoice) -> int:
+        return self.answered
 
     async def pending_steers(self) -> list[Steer]:
         return []

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from holdfast_loop_worker.context.assembly import Assembled
+from holdfast_loop_worker.context.budget import Overflow, learned_window
 from holdfast_loop_worker.turn.model_step import model_step
 from holdfast_shared.conversation import ChatMessage
 from holdfast_shared.providers import ModelChoice, ProviderError
@@ -243,6 +244,37 @@ async def test_a_cut_stream_on_a_short_prompt_is_made_again_as_it_is(wire: WireS
     assert turn.overflows == []  # no window is that small: not an overflow
     assert len(wire.requests) == 2
     assert turn.client_text().text == "second try"
+
+
+async def test_a_cut_stream_on_a_prompt_the_model_answered_before_is_made_again(
+    wire: WireServer,
+) -> None:
+    """A real trial (llama-cpp-python, Gemma 3 270M): a turn's request was cut
+    before any output because the server dropped it for the learning centre's
+    (``interrupt_requests``); the engine took it for an overflow, assumed a
+    window below prompts the model had answered, and failed the turn. A prompt
+    no bigger than one answered before is sent again as it is."""
+    provider = OPENAI.connect(wire)
+    wire.queue(fake.text_reply(["first"]), CUT, fake.text_reply(["again"]))
+    turn = ShrinkingTurn(api=OPENAI, estimate=1800)
+    choice = ModelChoice(provider, OPENAI.model)
+    await model_step(turn, choice)
+    turn.estimate = 1500  # a smaller prompt, cut
+    await model_step(turn, choice)
+    await provider.aclose()
+
+    assert turn.answered >= 1800
+    assert turn.overflows == []  # not taken for an overflow
+    assert len(wire.requests) == 3
+    assert turn.client_text().text.endswith("again")
+
+
+def test_no_window_is_learned_below_a_prompt_the_model_answered() -> None:
+    cut = Overflow(prompt_tokens=2000, window=None, suspected=True)
+    assert learned_window(cut, current=32_768) == 1900
+    assert learned_window(cut, current=32_768, fitted=1950) == 1950
+    named = Overflow(prompt_tokens=2000, window=1800, suspected=False)
+    assert learned_window(named, current=32_768, fitted=1950) == 1800  # the server said so
 
 
 async def test_an_overflow_that_cannot_shrink_fails_with_the_providers_error(

@@ -197,22 +197,28 @@ class Overflow:
     suspected: bool
 
 
-def overflow_of(exc: ProviderError, prompt_tokens: int) -> Overflow | None:
+def overflow_of(exc: ProviderError, prompt_tokens: int, fitted: int = 0) -> Overflow | None:
     """``exc`` as an overflow of a ``prompt_tokens`` prompt, or None when it is
     something else. A stream cut before any output is taken for one only on a
-    prompt big enough to fill some window (``MIN_WINDOW``)."""
+    prompt big enough to fill some window (``MIN_WINDOW``) and bigger than
+    ``fitted``, the largest the model answered before: a local server cuts a
+    request it drops for another caller's (llama-cpp-python's
+    ``interrupt_requests``) the same way, and a real trial took that for an
+    overflow and shrank the window below prompts that had fit."""
     if exc.code != ErrorCode.CONTEXT_OVERFLOW:
         return None
     suspected = bool((exc.details or {}).get("suspected_overflow"))
-    if suspected and prompt_tokens < MIN_WINDOW * (1 - _MARGIN):
+    if suspected and (prompt_tokens < MIN_WINDOW * (1 - _MARGIN) or prompt_tokens <= fitted):
         return None
     found = _WINDOW_IN_MESSAGE.search(exc.message)
     return Overflow(prompt_tokens, int(found.group(1)) if found else None, suspected)
 
 
-def learned_window(overflow: Overflow, current: int) -> int:
+def learned_window(overflow: Overflow, current: int, fitted: int = 0) -> int:
     """The window to assume after ``overflow``: the one the provider named, or
-    less than the refused prompt (never below ``MIN_WINDOW``)."""
+    less than the refused prompt, but not below ``fitted`` (a prompt the model
+    answered) nor ``MIN_WINDOW``."""
     if overflow.window is not None:
         return max(MIN_WINDOW, min(current, overflow.window))
-    return max(MIN_WINDOW, min(current, int(overflow.prompt_tokens * (1 - _MARGIN))))
+    guess = int(overflow.prompt_tokens * (1 - _MARGIN))
+    return max(MIN_WINDOW, min(current, max(guess, fitted)))

@@ -135,14 +135,25 @@ class ContextEngine:
         # Windows learned from providers' overflows, by model: smaller than
         # the configured or known one.
         self.learned_windows: dict[str, int] = {}
+        # The largest prompt (estimated tokens) each model answered: no window
+        # learned later is smaller, and a cut that size is no overflow.
+        self.fitted_prompts: dict[str, int] = {}
 
     def window(self, model: str) -> int:
         known = tokens.context_window(model, self.settings.window)
         return min(known, self.learned_windows.get(model, known))
 
+    def fitted(self, model: str) -> int:
+        """The largest prompt ``model`` answered (estimated tokens; 0: none yet)."""
+        return self.fitted_prompts.get(model, 0)
+
+    def answered(self, model: str, prompt_tokens: int) -> None:
+        """``model`` answered a prompt of ``prompt_tokens`` (estimated)."""
+        self.fitted_prompts[model] = max(self.fitted(model), prompt_tokens)
+
     def learn(self, model: str, overflow: budget.Overflow) -> None:
         """Keep the window ``overflow`` implies for ``model``."""
-        window = budget.learned_window(overflow, self.window(model))
+        window = budget.learned_window(overflow, self.window(model), self.fitted(model))
         self._assume(
             model, window, f"a prompt of ~{overflow.prompt_tokens} tokens overflowed its window"
         )

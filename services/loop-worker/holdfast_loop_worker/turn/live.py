@@ -408,6 +408,12 @@ class LiveTurn:
     def window_filled(self, choice: ModelChoice, tokens: int) -> None:
         self.ctx.context.learn_filled(choice.model, tokens)
 
+    def prompt_answered(self, choice: ModelChoice, tokens: int) -> None:
+        self.ctx.context.answered(choice.model, tokens)
+
+    def largest_answered(self, choice: ModelChoice) -> int:
+        return self.ctx.context.fitted(choice.model)
+
     async def pending_steers(self) -> list[Steer]:
         return await pending_steers(self.ctx.reads, self.job.task_id)
 

@@ -89,14 +89,15 @@ async def _answer(turn: ModelTurn, choice: ModelChoice) -> tuple[list[Block], st
             break
         except ProviderError as exc:
             prompt = calibrated(prepared.tokens, turn.state.calibration)
-            overflow = overflow_of(exc, prompt)
+            overflow = overflow_of(exc, prompt, turn.largest_answered(choice))
             if overflow is None:
                 if exc.code != ErrorCode.CONTEXT_OVERFLOW or not (exc.details or {}).get(
                     "suspected_overflow"
                 ):
                     raise
                 # A stream cut before any output on a prompt too short to fill
-                # any window: not an overflow, a call to make again.
+                # any window, or no bigger than one the model answered: not
+                # an overflow, a call to make again.
                 blocks, stop_reason = await _call(turn, choice, prepared)
                 break
             rounds += 1
@@ -107,10 +108,12 @@ async def _answer(turn: ModelTurn, choice: ModelChoice) -> tuple[list[Block], st
             if smaller.tokens >= prepared.tokens:
                 raise  # nothing left to compact: the turn fails with the provider's error
             prepared = smaller
+    prompt = calibrated(prepared.tokens, turn.state.calibration)
+    turn.prompt_answered(choice, prompt)
     output = sum(block_tokens(b.to_content()) for b in blocks)
     if stop_reason == "max_tokens" and output < prepared.request.max_tokens * _SHORT_OF_LIMIT:
         # The next prompt is judged against what this one and its answer filled.
-        turn.window_filled(choice, calibrated(prepared.tokens, turn.state.calibration) + output)
+        turn.window_filled(choice, prompt + output)
     return blocks, stop_reason
 
 
