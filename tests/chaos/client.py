@@ -48,8 +48,10 @@ class Turn:
     token: str
     message: str
     text: str  # the script's own text, before any tool results
-    tool: bool
+    tool: bool  # it calls bash, whose effect the workspace keeps
     agent: str | None = None
+    # It delegates to a subagent instead, whose whole text is this.
+    child_text: str | None = None
     turn_id: str | None = None
     seen: dict[int, str] = field(default_factory=dict)  # seq -> raw JSON
     terminal_phase: str | None = None

@@ -34,6 +34,8 @@ class Findings:
     tool_failed: int = 0
     unknown_outcomes: int = 0
     errored_turns: int = 0
+    subagents: int = 0
+    subagent_events: int = 0
 
     def add(self, kind: str, message: str) -> None:
         self.violations.append(f"[{kind}] {message}")
@@ -84,12 +86,26 @@ def discarded(events: list[dict[str, Any]]) -> set[int]:
     return out
 
 
+def children_of(logs: dict[str, list[str]]) -> list[str]:
+    """The subagent tasks the logs' delegate calls started (``subagent_started``)."""
+    names: list[str] = []
+    for raw in logs.values():
+        for line in raw:
+            if '"subagent_started"' in line:
+                name = json.loads(line)["subagent"]["task_id"]
+                names += [name] if name not in names else []
+    return names
+
+
 async def check(
     tasks: dict[str, list[Turn]],
     logs: dict[str, list[str]],
     workspaces: Path,
     database_url: str,
+    children: dict[str, list[str]] | None = None,
 ) -> Findings:
+    """``children``: the logs of the subagent tasks (:func:`children_of`), when
+    turns delegate."""
     found = Findings()
     engine = await engine_tasks(database_url, list(tasks))
     name_of = {task: name for name, (_, task) in engine.items()}
@@ -103,6 +119,9 @@ async def check(
     ok_tokens: set[str] = set()
     for task_id, turns in tasks.items():
         ok_tokens |= _check_log(found, task_id, turns, logs[task_id], pg_events.get(task_id, []))
+        for turn in turns:
+            if turn.child_text is not None and turn.turn_id is not None:
+                _check_delegation(found, turn, logs[task_id], children or {})
         if task_id not in engine:
             found.add("messages", f"{task_id}: no such task in PostgreSQL")
             continue
@@ -186,10 +205,12 @@ def _phase(event: dict[str, Any]) -> str | None:
 
 
 def _check_turn(
-    found: Findings, turn: Turn, mine: list[dict[str, Any]], by_seq: dict[int, str]
+    found: Findings, turn: Turn, logged: list[dict[str, Any]], by_seq: dict[int, str]
 ) -> bool:
     """One turn's events; True when its tool ran and its result was logged."""
     name = f"{turn.turn_id} ({turn.task_id} #{turn.index})"
+    # Its own: a subagent's events it mirrored are checked by _check_delegation.
+    mine = [e for e in logged if not e.get("subagent")]
     lifecycle = [e for e in mine if e["type"] == "thread_lifecycle"]
     started = [e for e in lifecycle if e["phase"] == "started"]
     ends = [e for e in lifecycle if e["phase"] in TERMINAL]
@@ -216,7 +237,8 @@ def _check_turn(
         error = next((e for e in mine if e["type"] == "error"), {})
         found.add("errored", f"{name}: {error.get('error')}: {error.get('message')}")
     if turn.terminal_phase is not None:
-        # Everything the client received, over all its connections, is the log.
+        # Everything the client received, over all its connections, is the log
+        # (the subagent's events it mirrored included).
         wanted = {s: by_seq[s] for s in range(first, last + 1)}
         got = {s: d for s, d in turn.seen.items() if first <= s <= last}
         if got != wanted:
@@ -239,10 +261,10 @@ def _check_turn(
         if len(asked) != 1 or len(answered) != 1 or answered[0].get("answer") != "yes":
             found.add("hitl", f"{name}: {len(asked)} prompts, answers {answered}")
     results = [e for e in mine if e["type"] == "tool_result"]
-    if len(results) != int(turn.tool):
+    if len(results) != int(turn.tool or turn.child_text is not None):
         found.add("tools", f"{name}: {len(results)} tool results")
     ran = False
-    for r in results:
+    for r in results if turn.tool else ():
         if r.get("error") is None and (r.get("output") or {}).get("exit_code") == 0:
             found.tool_ok += 1
             ran = True
@@ -266,7 +288,7 @@ def _check_text(
     rest = text.removeprefix(turn.text)
     ok = rest != text or not turn.text
     summary = [{k: r[k] for k in ("output", "error") if r.get(k) is not None} for r in results]
-    if ok and turn.tool:
+    if ok and (turn.tool or turn.child_text is not None):
         # The model answers a tool result with "Tool results: <json>"; the JSON
         # went through PostgreSQL (JSONB), so its keys may come in another order.
         prefix = "Tool results: "
@@ -284,6 +306,52 @@ def _check_text(
             f"({len(turn.text)} + tool answer); turn_resumed (seq, from, to): {ranges}; "
             f"after the script's text: {rest[:100]!r}; logged results: {str(summary)[:100]}",
         )
+
+
+def _check_delegation(
+    found: Findings, turn: Turn, raw: list[str], children: dict[str, list[str]]
+) -> None:
+    """A delegating turn: one child task for its call, whose answer is the
+    call's result, and each of whose events the parent's log holds once, in
+    the child's order — whatever was killed on the way."""
+    name = f"{turn.turn_id} ({turn.task_id} #{turn.index})"
+    events = [json.loads(r) for r in raw]
+    mirrored = [e for e in events if e["turn_id"] == turn.turn_id and e.get("subagent")]
+    started = {e["subagent"]["task_id"] for e in mirrored if e["type"] == "subagent_started"}
+    completed = [e for e in mirrored if e["type"] == "subagent_completed"]
+    if len(started) != 1 or len(completed) != 1:
+        found.add("subagent", f"{name}: children {started}, {len(completed)} completions")
+        return
+    child = started.pop()
+    found.subagents += 1
+    copied = [e for e in mirrored if "seq" in e["subagent"]]
+    found.subagent_events += len(copied)
+    child_seqs = [e["subagent"]["seq"] for e in copied]
+    if child_seqs != sorted(set(child_seqs)):
+        found.add("subagent", f"{name}: child events copied out of order or twice")
+    own = [json.loads(r) for r in children.get(child, [])]
+    wanted = [e["seq"] for e in own if e["type"] != "thread_lifecycle"]
+    if child_seqs != wanted:
+        missing = sorted(set(wanted) - set(child_seqs))
+        found.add("subagent", f"{name}: child {child} events not copied: {missing[:5]}")
+    dropped = set()
+    for e in copied:
+        if e["type"] == "turn_resumed" and e.get("discard_from_seq") is not None:
+            dropped.update(range(e["discard_from_seq"], e["discard_to_seq"] + 1))
+    text = "".join(
+        e["text"]
+        for e in copied
+        if e["type"] == "text_delta" and e["subagent"]["seq"] not in dropped
+    )
+    if text != turn.child_text or completed[0].get("status") != "completed":
+        found.add(
+            "subagent",
+            f"{name}: child {child} {completed[0].get('status')}, its text as the parent "
+            f"shows it {len(text)} chars, not {len(turn.child_text or '')}",
+        )
+    result = [e for e in events if e["turn_id"] == turn.turn_id and e["type"] == "tool_result"]
+    if not any(r.get("output") == turn.child_text for r in result if not r.get("subagent")):
+        found.add("subagent", f"{name}: the call's result is not the child's answer")
 
 
 def _check_effects(

@@ -7,7 +7,8 @@ restarted on the same port and directory), the session's PostgreSQL database,
 turns over 40 tasks (a task's turns in order, 20 tasks at a time); each
 streams text deltas with a delay, so kills land mid-stream, and about half
 call ``bash``, whose command appends the turn's unique token to the task
-workspace's ``effects.log``. Clients (``client.py``) hang up at random,
+workspace's ``effects.log``; some others delegate to a subagent, whose
+events the parent copies into its own log. Clients (``client.py``) hang up at random,
 reconnect with a seq cursor (``after_seq`` or ``Last-Event-ID``) to either
 gateway, and now and then give up on a POST before its response. The first
 turn of 4 tasks asks permission (agent ``coder``); once every prompt is out
@@ -42,7 +43,7 @@ from holdfast.testing import time_scale
 from tests.chaos.client import TaskClient, Turn
 from tests.chaos.cluster import ASKER, ChaosCluster, chaos_env, running_cluster
 from tests.chaos.driver import Driver, Schedule, stall_kinds
-from tests.chaos.invariants import check, dump
+from tests.chaos.invariants import check, children_of, dump
 from tests.chaos.logs import final_logs, superseded_writers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -58,6 +59,8 @@ RUN_SECONDS = 180.0  # clients start no turn after this
 # machine: on a VM half as fast as usual (CI, 2026-11-26) one turn that met both
 # Redis crashes, the full restart and worker kills along the way ended after 93 s.
 TURN_SECONDS = 150.0 * time_scale()
+# Of the turns without bash, about this share delegate to a subagent (#27).
+DELEGATE_CHANCE = 0.15
 HANGUP_CHANCE = 0.3  # per connection: hang up after 1-25 events
 LOST_RESPONSE_CHANCE = 0.08  # per POST: give up on it before its response
 SCHEDULE = Schedule(
@@ -85,10 +88,21 @@ def plan(run: str, rng: random.Random) -> dict[str, list[Turn]]:
         for i in range(TURNS_PER_TASK):
             token = f"K{run}x{t:02d}x{i}"
             hitl = t < HITL_TASKS and i == 0
-            tool = hitl or rng.random() < 0.5
+            draw = rng.random()
+            tool = hitl or draw < 0.5
+            child_text = None
             text, deltas = f"{token} ", rng.randint(30, 70)
             script: dict[str, Any] = {"text": text, "deltas": deltas}
             script["delay_ms"] = rng.randint(40, 80)
+            if not tool and draw < 0.5 + DELEGATE_CHANCE:
+                # A subagent streams its own deltas, mirrored into this task's
+                # log, so kills land in the child's turn and in the copying.
+                child_deltas = rng.randint(30, 60)
+                child_text = f"{token}c " * child_deltas
+                brief = {"text": f"{token}c ", "deltas": child_deltas}
+                brief["delay_ms"] = rng.randint(40, 80)
+                delegate = {"agent": "researcher", "brief": "/script " + json.dumps(brief)}
+                script["tool_calls"] = [{"name": "delegate", "input": delegate}]
             if tool:
                 # ~150 words of output: the model's answer to it streams as
                 # many deltas, so kills land in that model call too.
@@ -103,6 +117,7 @@ def plan(run: str, rng: random.Random) -> dict[str, list[Turn]]:
                     text=text * deltas,
                     tool=tool,
                     agent=ASKER if hitl else None,
+                    child_text=child_text,
                 )
             )
         tasks[task_id] = turns
@@ -163,9 +178,10 @@ async def test_chaos(cluster: ChaosCluster, api_keys: dict[str, str], database_u
         await driver.supervise()  # every process up again to read the logs
         await cluster.until_ready()
         logs = await final_logs(http, cluster, key, list(tasks))
+        children = await final_logs(http, cluster, key, children_of(logs))
 
     workspaces = Path(cluster.env["HOLDFAST_WORKSPACE_ROOT"])
-    found = await check(tasks, logs, workspaces, database_url)
+    found = await check(tasks, logs, workspaces, database_url, children)
     for client in clients:
         for message in client.lookup_violations:
             found.add("stream", message)
@@ -208,6 +224,9 @@ async def test_chaos(cluster: ChaosCluster, api_keys: dict[str, str], database_u
             f"{found.discard_ranges} / {found.discard_ranges_with_started}"
         ),
         "tool calls ok / failed or settled": f"{found.tool_ok} / {found.tool_failed}",
+        "subagents / their events copied to the parent": (
+            f"{found.subagents} / {found.subagent_events}"
+        ),
         "outcomes unknown (each asked about, settled failed)": str(found.unknown_outcomes),
         "load / total seconds": f"{load_seconds:.0f} / {time.monotonic() - began:.0f}",
         "violations": len(found.violations),
