@@ -16,7 +16,7 @@ from holdfast_shared.agents import AgentDefinition
 from holdfast_shared.assets import ServerTool
 from holdfast_shared.db.models import Message
 from holdfast_shared.eventlog import Emitter, EventLog, LoggedEvent, Writes, one_statement
-from holdfast_shared.events import ToolProgress, _Event
+from holdfast_shared.events import ToolProgress
 from holdfast_shared.jobs import (
     ElicitationAnswer,
     InboxMessage,
@@ -106,6 +106,10 @@ class LiveTurn:
         self.ctx = ctx
         self.job = job
         self.emitter = Emitter(ctx.eventlog, job.task_id, job.turn_id)
+        # The turn's events go to its emitter directly: no hop of ours on
+        # every delta's way (docs/architecture.md counts them).
+        self.emit = self.emitter.emit
+        self.emit_body = self.emitter.emit_body
         self.state = TurnState()
         # The state as the last snapshot committed it (or as the turn began), as
         # written (to_json): what a snapshot taken mid-step keeps (turn_state.cut_off).
@@ -165,12 +169,6 @@ class LiveTurn:
     def definition_resolved(self) -> AgentDefinition:
         assert self.definition is not None, "the agent is resolved when the turn is driven"
         return self.definition
-
-    async def emit(self, event: _Event) -> None:
-        await self.emitter.emit(event)
-
-    async def emit_body(self, event_type: str, body: str) -> None:
-        await self.emitter.emit_body(event_type, body)
 
     async def snapshot(
         self,
