@@ -66,6 +66,8 @@ class ToolExecutor:
     ) -> None:
         self.redis = redis
         self.keys = keys
+        # Every write here is one statement, atomic alone: autocommit sessions
+        # will do (holdfast_shared.db.autocommit_session_factory).
         self.sessions = sessions
         self.workspaces = workspaces
         self.runner_id = runner_id

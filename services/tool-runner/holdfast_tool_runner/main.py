@@ -25,7 +25,7 @@ import logging
 from holdfast_shared import liveness, runtime
 from holdfast_shared.assets import Vault, VaultError, vault_from_settings
 from holdfast_shared.background import Background, every
-from holdfast_shared.db import create_engine, session_factory
+from holdfast_shared.db import autocommit_session_factory, create_engine, session_factory
 from holdfast_shared.keys import Keys
 from holdfast_shared.liveness import Heartbeat
 from holdfast_shared.observability.process import setup_process
@@ -100,7 +100,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         ToolExecutor(
             redis,
             keys,
-            sessions,
+            # Its writes are one statement each (a call's row claimed, completed):
+            # autocommit saves a BEGIN and a COMMIT round trip on every call.
+            autocommit_session_factory(engine),
             workspaces,
             runner_id,
             launchers,
