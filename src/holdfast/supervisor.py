@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 from holdfast_shared.apikeys import DEFAULT_TENANT, add_key, generate_key, has_any_key
 from holdfast_shared.assets import Vault
 from holdfast_shared.db import create_engine, session_factory, upgrade_head
@@ -61,6 +62,8 @@ BACKOFF_MAX_SECONDS = 30.0
 STABLE_SECONDS = 30.0
 # How often an embedded server is looked at: its death is noticed within this.
 WATCH_SECONDS = 0.5
+# How often the start looks whether the gateway answers yet.
+_READY_POLL_SECONDS = 0.2
 KEY_FILE = "api-key"
 # The Asset Directory's encryption key, kept next to the data it protects.
 ASSET_KEY_FILE = "asset-key"
@@ -116,16 +119,15 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
             child.metrics_port = ports.get(child.name)
         if new_key is not None:
             _announce_key(console, new_key, data_dir / KEY_FILE)
-        console.print(
-            _banner(
-                settings,
-                data_dir=data_dir,
-                redis=("embedded" if embedded_redis else "external", redis_url),
-                postgres=("embedded" if embedded_postgres else "external", database_url),
-                key_where=key_where,
-                children=children,
-            )
+        banner = _banner(
+            settings,
+            data_dir=data_dir,
+            redis=("embedded" if embedded_redis else "external", redis_url),
+            postgres=("embedded" if embedded_postgres else "external", database_url),
+            key_where=key_where,
+            children=children,
         )
+        console.print("Starting the services…")
         env = {
             **os.environ,
             "HOLDFAST_ASSET_ENCRYPTION_KEY": await asyncio.to_thread(
@@ -148,6 +150,10 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
                 group.create_task(server.keep_running(stop))
             for child in children:
                 group.create_task(child.keep_running(env, stop, console))
+            # "Up" once a client can reach it: a curl copied from the banner
+            # must not meet a refused connection.
+            gateway = f"http://{_local(settings.host)}:{settings.port}/health"
+            group.create_task(_print_when_answering(console, banner, gateway, stop))
         console.print("All services stopped.")
     finally:
         # The servers outlive the services so that those can flush on SIGTERM.
@@ -158,6 +164,29 @@ async def _up(settings: Settings, data_dir: Path, workers: int, console: Console
     if embedded_redis or embedded_postgres:
         console.print("Embedded servers stopped.")
     return 0
+
+
+async def _print_when_answering(
+    console: Console, banner: Panel, health_url: str, stop: asyncio.Event
+) -> None:
+    """Print ``banner`` once the gateway answers ``GET /health`` (whatever it
+    says: a degraded engine is up, and its health says why); never, on a stop
+    first."""
+    async with httpx.AsyncClient(timeout=2) as client:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await client.get(health_url)
+                console.print(banner)
+                if answer.status_code != 200:
+                    console.print(f"[yellow]health: {answer.text[:300]}[/]")
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _READY_POLL_SECONDS)
+
+
+def _local(host: str) -> str:
+    """Where this machine reaches a server listening on ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 async def _url_of(server: EmbeddedRedis | EmbeddedPostgres | None, configured: str | None) -> str:
