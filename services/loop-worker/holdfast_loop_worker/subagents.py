@@ -133,76 +133,88 @@ class Subagents:
         them left a task with no turn, which the next run of the call finds
         and carries on with (the copy again, the same bytes)."""
         name = child_name(parent, agent, tool_call_id)
-        task_id, child = await self._task(parent, name, agent)
-        if child is not None:
-            return child
+        task_id, found = await self._task(parent, name, agent)
+        if found is not None:
+            return found
         for path in files:
             await self._copy(parent, task_id, path)
-        turn_id = new_id("turn")
-        depth = parent.depth + 1
+        child = Child(task_id, name, new_id("turn"), agent, parent.depth + 1)
+        written, epoch = await self._write_turn(parent, child, brief)
+        if epoch is not None:
+            await self._announce(parent, written, epoch)
+        return written
+
+    async def _write_turn(
+        self, parent: Parent, child: Child, brief: str
+    ) -> tuple[Child, int | None]:
+        """The child's first turn and its message, written with the task's lock
+        taken and a fresh epoch (to announce it under); or the turn an earlier
+        run of the call wrote meanwhile, with no epoch."""
+        task_id = child.task_id
         async with self.sessions.begin() as session:
             # Held until the turn is committed: two runs of the call (a stale
             # one and its takeover) write one turn.
             await session.execute(select(Task.id).where(Task.id == task_id).with_for_update())
             if (found := await _first_turn(session, task_id)) is not None:
-                return Child(task_id, name, found, agent, depth)
+                return Child(task_id, child.name, found, child.agent, child.depth), None
             await tenantturns.check_turns(
                 session, parent.tenant_id, tenantturns.RUNNING, self.max_running_turns
             )
             # No turn of the task was ever committed: whatever holds its lock
             # is a run that died before its commit.
             holder = await self.lock.holder(task_id)
-            if holder is None or holder == turn_id:
-                await self.lock.acquire(task_id, turn_id)
+            if holder is None or holder == child.turn_id:
+                await self.lock.acquire(task_id, child.turn_id)
             else:
-                await self.lock.replace(task_id, holder, turn_id)
+                await self.lock.replace(task_id, holder, child.turn_id)
             epoch = await next_epoch(self.redis, self.keys, task_id)
-            now = datetime.now(UTC)
             session.add(
                 Turn(
-                    id=turn_id,
+                    id=child.turn_id,
                     task_id=task_id,
                     status="queued",
-                    agent=agent,
+                    agent=child.agent,
                     model=parent.model,
                     user_id=parent.user_id,
                     # A start that dies before its job is queued is announced and
                     # queued by the stale-turn sweep, never removed as unaccepted.
-                    lease_until=now,
+                    lease_until=datetime.now(UTC),
                 )
             )
             await session.flush()
             session.add(
                 Message(
                     task_id=task_id,
-                    turn_id=turn_id,
+                    turn_id=child.turn_id,
                     position=0,
                     role="user",
                     content=user_content(brief, []),
                 )
             )
+        return child, epoch
+
+    async def _announce(self, parent: Parent, child: Child, epoch: int) -> None:
+        """The turn's ``started``, then its job."""
         started = ThreadLifecycle(phase="started")
         try:
             await self.eventlog.append_bodies(
-                task_id,
-                turn_id,
+                child.task_id,
+                child.turn_id,
                 [(started.type, body_json(started))],
-                name=name,
+                name=child.name,
                 new_task=True,
                 epoch=epoch,
             )
         except Superseded:
-            # Stalled past the stale-turn sweep, which announced and queued it.
-            return Child(task_id, name, turn_id, agent, depth)
+            return  # stalled past the stale-turn sweep, which announced and queued it
         job = TurnJob(
-            task_id=task_id,
-            turn_id=turn_id,
+            task_id=child.task_id,
+            turn_id=child.turn_id,
             tenant_id=parent.tenant_id,
-            agent=agent,
+            agent=child.agent,
             model=parent.model,
         )
         await queue_turn(self.redis, self.keys, job)
-        return Child(task_id, name, turn_id, agent, depth)
 
     async def _task(self, parent: Parent, name: str, agent: str) -> tuple[str, Child | None]:
         """The child task's id, created now or found; with its turn if it has one."""

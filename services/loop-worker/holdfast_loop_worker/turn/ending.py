@@ -9,6 +9,7 @@ ending goes through :func:`end`: ``completed`` (with its stop reason),
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,10 @@ from holdfast_shared.events import ErrorEvent, ThreadLifecycle, Usage
 from holdfast_shared.observability import metrics
 
 import holdfast_loop_worker.turn.result as result
+from holdfast_loop_worker.transient import store_refused, store_unreachable
 from holdfast_loop_worker.turn.handle import EndingTurn, TurnHandle
+
+log = logging.getLogger(__name__)
 
 # How a run that stopped ends (the conductor's table, run.py, picks one).
 
@@ -155,3 +159,30 @@ def usage_so_far(turn: TurnHandle, *, record: bool = False) -> Usage:
         estimated=True if u.get(ESTIMATED_CALLS) else None,
         subagents=dict(turn.state.subagent_usage) or None,
     )
+
+
+def unexpected(exc: Exception, turn: TurnHandle) -> Fail | Reraise:
+    """How a run that raised something no step expected ends."""
+    store = store_unreachable(exc)
+    if store is not None:
+        # Redis or PostgreSQL restarting (transient.py): not a reason to end the
+        # user's turn. The turn is left as a crash leaves it: the consumer keeps
+        # its job pending and gives up its lease (or it lapses), and it resumes
+        # from its last snapshot once the store answers (what it emitted since
+        # is named by turn_resumed).
+        log.warning(
+            "turn %s stopped by an unreachable %s (%s); it resumes once %s answers",
+            turn.job.turn_id,
+            store,
+            type(exc).__name__,
+            store,
+        )
+        return Reraise()
+    if (sqlstate := store_refused(exc)) is not None:
+        # A full disk (or the like) refused the turn's writes: its end says so,
+        # and the task takes the next message once PostgreSQL accepts writes.
+        log.error("turn %s: PostgreSQL refused its writes: %s", turn.job.turn_id, exc)
+        message = f"PostgreSQL refused the turn's writes (SQLSTATE {sqlstate}); send it again later"
+        return Fail(ErrorCode.UNAVAILABLE, message, {"store": "PostgreSQL", "sqlstate": sqlstate})
+    log.error("turn %s failed", turn.job.turn_id, exc_info=exc)
+    return Fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")

@@ -31,7 +31,6 @@ import holdfast_loop_worker.turn.start as start
 import holdfast_loop_worker.turn.tool_step as tool_step
 from holdfast_loop_worker import executions
 from holdfast_loop_worker.stopping import TurnStop
-from holdfast_loop_worker.transient import store_refused, store_unreachable
 from holdfast_loop_worker.turn.ending import Cancel, Fail, HandBack, Outcome, Park, Pause, Reraise
 from holdfast_loop_worker.turn.handle import TurnHandle
 from holdfast_loop_worker.turn.live import LiveTurn, TurnContext
@@ -54,32 +53,6 @@ def _stopped(_: asyncio.CancelledError, turn: TurnHandle, __: float) -> Outcome:
     return _STOPS.get(turn.stop.consume() or "", Reraise())
 
 
-def _internal(exc: Exception, turn: TurnHandle, _: float) -> Outcome:
-    store = store_unreachable(exc)
-    if store is not None:
-        # Redis or PostgreSQL restarting (transient.py): not a reason to end the
-        # user's turn. The turn is left as a crash leaves it: the consumer keeps
-        # its job pending and gives up its lease (or it lapses), and it resumes
-        # from its last snapshot once the store answers (what it emitted since
-        # is named by turn_resumed).
-        log.warning(
-            "turn %s stopped by an unreachable %s (%s); it resumes once %s answers",
-            turn.job.turn_id,
-            store,
-            type(exc).__name__,
-            store,
-        )
-        return Reraise()
-    if (sqlstate := store_refused(exc)) is not None:
-        # A full disk (or the like) refused the turn's writes: its end says so,
-        # and the task takes the next message once PostgreSQL accepts writes.
-        log.error("turn %s: PostgreSQL refused its writes: %s", turn.job.turn_id, exc)
-        message = f"PostgreSQL refused the turn's writes (SQLSTATE {sqlstate}); send it again later"
-        return Fail(ErrorCode.UNAVAILABLE, message, {"store": "PostgreSQL", "sqlstate": sqlstate})
-    log.error("turn %s failed", turn.job.turn_id, exc_info=exc)
-    return Fail(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
-
-
 # How a run that raised ends, first match wins. Anything else (not an
 # Exception: KeyboardInterrupt, GeneratorExit) is re-raised.
 _Kind = type[BaseException] | tuple[type[BaseException], ...]
@@ -94,7 +67,7 @@ _ENDINGS: tuple[tuple[_Kind, Callable[..., Outcome]], ...] = (
     (UnknownModel, lambda exc, *_: Fail(ErrorCode.UNKNOWN_MODEL, str(exc))),
     # A custom agent deleted before this (resumed) turn could read it.
     (AgentNotFound, lambda exc, *_: Fail.of(exc)),
-    (Exception, _internal),
+    (Exception, lambda exc, turn, _: ending.unexpected(exc, turn)),
 )
 
 
