@@ -57,6 +57,13 @@ async def requeue_unfinished(
     return len(rows)
 
 
+async def _tenants_of(session: AsyncSession, task_ids: list[str]) -> dict[str, str]:
+    if not task_ids:
+        return {}
+    found = await session.execute(select(Task.id, Task.tenant_id).where(Task.id.in_(task_ids)))
+    return {task_id: tenant_id for task_id, tenant_id in found.all()}
+
+
 async def requeue_stale(
     sessions: async_sessionmaker[AsyncSession],
     redis: Redis,
@@ -98,17 +105,7 @@ async def requeue_stale(
         ).all()
         rows = [(task_id, turn_id) for task_id, turn_id in stale_turns]
         rows += await _answered_but_parked(session, now, stale)
-        tenants = (
-            dict(
-                (
-                    await session.execute(
-                        select(Task.id, Task.tenant_id).where(Task.id.in_([r[0] for r in rows]))
-                    )
-                ).all()
-            )
-            if rows
-            else {}
-        )
+        tenants = await _tenants_of(session, [task_id for task_id, _ in rows])
     for task_id, turn_id in abandoned:
         await lock.release(task_id, turn_id)
     if abandoned:
