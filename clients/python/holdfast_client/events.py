@@ -287,32 +287,8 @@ class UnknownEvent(BaseEvent):
     """An event type this client does not know: its fields are in ``model_extra``."""
 
 
-KnownEvent = Annotated[
-    ThreadLifecycle
-    | ErrorEvent
-    | TextDelta
-    | ThinkingDelta
-    | ContentBlockStart
-    | ContentBlockStop
-    | ToolCall
-    | ToolResult
-    | ToolProgress
-    | ToolOutcomeUnknown
-    | HitlRequest
-    | HitlResolved
-    | WorkingMemoryUpdate
-    | CompactionEvent
-    | TurnResumed
-    | UserMessage
-    | Heartbeat
-    | Usage
-    | Result
-    | Artifact
-    | SubagentStarted
-    | SubagentCompleted,
-    Field(discriminator="type"),
-]
-Event = (
+# Every event type this client knows, each by its ``type``.
+_Known = (
     ThreadLifecycle
     | ErrorEvent
     | TextDelta
@@ -335,8 +311,9 @@ Event = (
     | Artifact
     | SubagentStarted
     | SubagentCompleted
-    | UnknownEvent
 )
+KnownEvent = Annotated[_Known, Field(discriminator="type")]
+Event = _Known | UnknownEvent
 
 _KNOWN: TypeAdapter[KnownEvent] = TypeAdapter(KnownEvent)
 _MODELS: dict[str, type[BaseEvent]] = {
