@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
 
 import pytest
 from holdfast_loop_worker.context import tokens
 from holdfast_loop_worker.context.assembly import Sections, Summary, assemble, visible
-from holdfast_loop_worker.context.compaction import plan, transcript
+from holdfast_loop_worker.context.compaction import (
+    SUMMARY_PROMPT,
+    echoes_instructions,
+    plan,
+    summarize,
+    transcript,
+)
 from holdfast_loop_worker.context.working_memory import Change, parse_change
 from holdfast_shared.conversation import ChatMessage
+from holdfast_shared.providers.base import (
+    BlockStart,
+    BlockStop,
+    Finish,
+    ModelEvent,
+    ModelRequest,
+    TextChunk,
+)
 from holdfast_shared.tools import BUILTIN_TOOLS
 
 
@@ -170,3 +185,28 @@ def test_working_memory_changes_are_checked() -> None:
     assert "at most 100 keys" in str(
         parse_change({"action": "set", "key": "new", "value": "v"}, full)
     )
+
+
+class _Echoing:
+    """A model that answers the summary call with its instructions, as Gemma 3
+    270M did under llama-cpp-python's gemma format (the system prompt folded
+    into the user message)."""
+
+    name = "echoing"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        yield BlockStart(0, "text")
+        yield TextChunk(0, request.system + "\nThe conversation continued: ...")
+        yield BlockStop(0)
+        yield Finish("end_turn")
+
+
+async def test_a_summary_that_repeats_its_instructions_is_extracted_instead() -> None:
+    messages = [
+        ChatMessage("user", ({"type": "text", "text": "Plan the trip to Lisbon in May."},)),
+        ChatMessage("assistant", ({"type": "text", "text": "Booked the 9:40 train."},)),
+    ]
+    made = await summarize(_Echoing(), "tiny", None, messages, window=2048, max_tokens=256)
+    assert not echoes_instructions(made.text), made.text
+    assert "Lisbon" in made.text and "9:40 train" in made.text
+    assert echoes_instructions(SUMMARY_PROMPT)

@@ -26,6 +26,7 @@ compaction itself never needs more than the window.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from holdfast_loop_worker.context import tokens
 from holdfast_loop_worker.context.assembly import Summary, message_tokens
 
+log = logging.getLogger(__name__)
+
 SUMMARY_PROMPT = (
     "You compress the history of a conversation between a user and an AI agent that uses "
     "tools, so the agent can go on with the task without the full history. Write a summary "
@@ -62,6 +65,10 @@ SUMMARY_PROMPT = (
 _TRANSCRIPT_SHARE = 0.5
 # Each tool input or result in a transcript is cut to this many characters.
 _TRANSCRIPT_VALUE_CHARS = 2_000
+# A summary holding the instructions' first this many words repeats them.
+_ECHO_WORDS = 12
+# What an extracted summary keeps of each message.
+_EXTRACT_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +220,33 @@ async def _one_call(
     summary = "".join(text).strip()
     if not summary:
         raise ProviderError("LLM_PROVIDER_ERROR", "the summary call returned no text")
+    if echoes_instructions(summary):
+        # A small local model (Gemma 3 270M in a real trial) answered with its
+        # instructions; kept, that "summary" became every later answer.
+        log.warning("%s answered the summary call with its instructions: extracted instead", model)
+        return extracted(previous, entries, max_tokens)
     return summary
+
+
+def echoes_instructions(summary: str) -> bool:
+    """Whether ``summary`` repeats the summary call's instructions."""
+    opening = " ".join(SUMMARY_PROMPT.split()[:_ECHO_WORDS]).lower()
+    return opening in " ".join(summary.split()).lower()
+
+
+def extracted(previous: str | None, entries: Sequence[str], max_tokens: int) -> str:
+    """A summary made without a model: the start of each transcript entry, the
+    latest kept first when they do not all fit in ``max_tokens``."""
+    room = max_tokens * tokens.CHARS_PER_TOKEN
+    lines = [entry[:_EXTRACT_CHARS].replace("\n", " ") for entry in entries]
+    kept: list[str] = []
+    for line in reversed(lines):
+        if sum(len(k) + 1 for k in kept) + len(line) > room:
+            break
+        kept.insert(0, line)
+    useful = previous and not echoes_instructions(previous) and len(previous) < room // 2
+    head = f"{previous}\n\n" if useful else ""
+    return head + "The conversation, in short (each message's start):\n" + "\n".join(kept)
 
 
 class Summaries:
