@@ -329,7 +329,10 @@ def _check_delegation(
     child_seqs = [e["subagent"]["seq"] for e in copied]
     if child_seqs != sorted(set(child_seqs)):
         found.add("subagent", f"{name}: child events copied out of order or twice")
-    own = [json.loads(r) for r in children.get(child, [])]
+    if child not in children:
+        found.add("subagent", f"{name}: the log of its child {child} was not read")
+        return
+    own = [json.loads(r) for r in children[child]]
     wanted = [e["seq"] for e in own if e["type"] != "thread_lifecycle"]
     if child_seqs != wanted:
         missing = sorted(set(wanted) - set(child_seqs))

@@ -31,7 +31,7 @@ from holdfast.testing.cluster import RedisClusterServers
 from tests.chaos.client import TaskClient, Turn
 from tests.chaos.cluster import ASKER, ChaosCluster, chaos_env
 from tests.chaos.driver import Driver, Schedule
-from tests.chaos.invariants import check, dump
+from tests.chaos.invariants import check, children_of, dump
 from tests.chaos.logs import final_logs
 from tests.chaos.test_chaos import plan
 from tests.processes import engine_from_env
@@ -160,9 +160,12 @@ async def test_chaos_on_a_cluster_with_masters_killed(
         await driver.supervise()
         await chaos.until_ready()
         assert chaos.servers is not None
-        logs = await final_logs(http, chaos, key, list(tasks), redis_cluster_url=chaos.servers.url)
+        url = chaos.servers.url
+        logs = await final_logs(http, chaos, key, list(tasks), redis_cluster_url=url)
+        children = await final_logs(http, chaos, key, children_of(logs), redis_cluster_url=url)
 
-    found = await check(tasks, logs, Path(chaos.env["HOLDFAST_WORKSPACE_ROOT"]), database_url)
+    workspaces = Path(chaos.env["HOLDFAST_WORKSPACE_ROOT"])
+    found = await check(tasks, logs, workspaces, database_url, children)
     for client in clients:
         for message in client.lookup_violations:
             found.add("stream", message)

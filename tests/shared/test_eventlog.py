@@ -314,6 +314,29 @@ async def test_a_retried_append_that_had_landed_is_not_appended_again(eventlog: 
     assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6]
 
 
+async def test_a_retried_append_of_many_events_that_had_landed_is_not_appended_again(
+    eventlog: EventLog,
+) -> None:
+    """The retry looks back as far as the append is long: a batch of 164 events
+    (a fast model's whole answer, coalesced while a failover held the first
+    call) was appended twice in a chaos run when it looked only 64 back."""
+    t = task()
+    keys = [
+        eventlog.keys.events(t),
+        eventlog.keys.archived(t),
+        eventlog.keys.running_turn(t),
+        eventlog.keys.turn_epoch(t),
+    ]
+    bodies = [
+        part for i in range(164) for part in ("text_delta", body_json(TextDelta(text=f"{i}")))
+    ]
+    args = [t, "turn_a", "0", "0", "", "", "tok-big", "", *bodies]
+    first = await eventlog._append(keys=keys, args=args)
+    args[7] = "1"
+    assert await eventlog._append(keys=keys, args=args) == first
+    assert await eventlog.redis.xlen(keys[0]) == 164
+
+
 async def test_a_failed_tool_result_reads_back(eventlog: EventLog) -> None:
     # A failed call has no output, and body_json leaves the null out: the
     # engine must read back what it wrote (a resumed turn, a task's status).

@@ -3,9 +3,9 @@
 --       seq ('' = unknown), floor ts, release ('1' = release the turn lock if
 --       turn_id holds it), epoch ('' = unfenced), the append's token ('' =
 --       none; kept in the first entry's field ``a``), retry ('1' = this call
---       may have landed before: if an entry among the last 64 has the token,
---       answer as that append did instead of appending again), then (type,
---       body) pairs.
+--       may have landed before: if an entry among the last (its size + 64) has
+--       the token, answer as that append did instead of appending again), then
+--       (type, body) pairs.
 -- Returns {first_seq, ts_1, ...}, {-1} when the stream is gone and the caller
 -- must supply the floor from PostgreSQL, or {-2} when another worker took the
 -- turn over (fenced).
@@ -14,12 +14,15 @@
 -- is its Python twin (tests/shared/test_eventlog.py holds them equal).
 if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[6] then return {-2} end
 if ARGV[8] == '1' and ARGV[7] ~= '' then
-  local recent = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 64)
+  -- The landed append's first entry lies its own size back, behind what was
+  -- appended since (a chaos run on a cluster met a 164-event batch twice when
+  -- this looked only 64 back).
+  local n = (#ARGV - 8) / 2
+  local recent = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', n + 64)
   for _, entry in ipairs(recent) do
     local f = entry[2]
     for i = 1, #f, 2 do
       if f[i] == 'a' and f[i + 1] == ARGV[7] then
-        local n = (#ARGV - 8) / 2
         local landed = redis.call('XRANGE', KEYS[1], entry[1], '+', 'COUNT', n)
         local out = {tonumber(string.sub(entry[1], 1, string.find(entry[1], '-', 1, true) - 1))}
         for _, e in ipairs(landed) do
