@@ -277,17 +277,22 @@ def test_the_catalogue_reads_envelopes() -> None:
     assert json.loads(heartbeat_json("t", 9)) == beat
 
 
-async def test_a_retried_append_that_had_landed_is_not_appended_again(eventlog: EventLog) -> None:
-    """A failover can cut the reply of an append that landed (and reached the replica
-    that takes over); the cluster path retries with the same token and the retry
-    flag, and the script answers as the first call did."""
-    t = task()
-    keys = [
+def append_keys(eventlog: EventLog, t: str) -> list[str]:
+    """The KEYS of the append script for task ``t``, in its order."""
+    return [
         eventlog.keys.events(t),
         eventlog.keys.archived(t),
         eventlog.keys.running_turn(t),
         eventlog.keys.turn_epoch(t),
     ]
+
+
+async def test_a_retried_append_that_had_landed_is_not_appended_again(eventlog: EventLog) -> None:
+    """A failover can cut the reply of an append that landed (and reached the replica
+    that takes over); the cluster path retries with the same token and the retry
+    flag, and the script answers as the first call did."""
+    t = task()
+    keys = append_keys(eventlog, t)
     bodies = [
         "text_delta",
         body_json(TextDelta(text="a")),
@@ -321,12 +326,7 @@ async def test_a_retried_append_of_many_events_that_had_landed_is_not_appended_a
     (a fast model's whole answer, coalesced while a failover held the first
     call) was appended twice in a chaos run when it looked only 64 back."""
     t = task()
-    keys = [
-        eventlog.keys.events(t),
-        eventlog.keys.archived(t),
-        eventlog.keys.running_turn(t),
-        eventlog.keys.turn_epoch(t),
-    ]
+    keys = append_keys(eventlog, t)
     bodies = [
         part for i in range(164) for part in ("text_delta", body_json(TextDelta(text=f"{i}")))
     ]
